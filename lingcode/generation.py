@@ -1,0 +1,104 @@
+"""From token chunks to text: detokenization, stop strings, usage and timing, once for every engine.
+
+Every API route (OpenAI chat and completions today, Anthropic and Responses later) streams
+through generate_text(), so they all cut stop strings, count tokens and time requests alike.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+from lingcode.detokenize import IncrementalDetokenizer
+from lingcode.engine import SamplingParams
+from lingcode.scheduler import Scheduler
+from lingcode.stops import StopMatcher
+from lingcode.tokenizer import Tokenizer
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class Timing:
+    ttft_ms: float | None  # submitted -> first token
+    tpot_ms: float | None  # mean time per output token after the first
+    total_ms: float
+    completion_tokens: int
+
+    def as_dict(self) -> dict:
+        tokens_per_s = None
+        if self.tpot_ms:
+            tokens_per_s = round(1000.0 / self.tpot_ms, 2)
+        return {
+            "ttft_ms": _round(self.ttft_ms),
+            "tpot_ms": _round(self.tpot_ms),
+            "total_ms": _round(self.total_ms),
+            "tokens_per_s": tokens_per_s,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+@dataclass
+class TextChunk:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" on the last chunk
+    usage: Usage | None = None  # last chunk only
+    timing: Timing | None = None  # last chunk only
+
+
+async def generate_text(
+    scheduler: Scheduler,
+    tokenizer: Tokenizer,
+    request_id: str,
+    input_ids: list[int],
+    params: SamplingParams,
+    stop: Sequence[str] = (),
+) -> AsyncIterator[TextChunk]:
+    """Stream a request's text. Closing this iterator early aborts the request in the engine."""
+    end_ids = frozenset(params.stop_token_ids) | (
+        frozenset() if params.ignore_eos else frozenset(scheduler.engine.info.eos_token_ids)
+    )
+    detok = IncrementalDetokenizer(tokenizer, skip_ids=end_ids)
+    stops = StopMatcher(list(stop))
+    start = time.perf_counter()
+    first_token_at = None
+    n_tokens = cached = 0
+    text, last_ids, finish = "", [], None
+    async with aclosing(scheduler.generate(request_id, input_ids, params)) as chunks:
+        async for chunk in chunks:
+            if chunk.token_ids and first_token_at is None:
+                first_token_at = time.perf_counter()
+            n_tokens += len(chunk.token_ids)
+            last_ids = chunk.token_ids
+            cached = chunk.cached_tokens
+            text = detok.add(chunk.token_ids)
+            if chunk.finish_reason is not None:
+                text += detok.flush()
+            text, hit = stops.feed(text)
+            finish = "stop" if hit else chunk.finish_reason
+            if finish is not None:
+                if not hit:
+                    text += stops.flush()
+                break  # leaving the block closes the stream: a stop-string hit aborts the engine
+            if text:
+                yield TextChunk(text, chunk.token_ids)
+    end = time.perf_counter()
+    ttft = None if first_token_at is None else (first_token_at - start) * 1e3
+    tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
+    timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens)
+    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing)

@@ -1,0 +1,97 @@
+"""The tokenizer, built with the `tokenizers` library from what the model ships.
+
+A GGUF carries its own vocabulary and merges (byte-level BPE for Llama-family "gpt2" models); a
+Hugging Face directory carries tokenizer.json. Either way nothing is fetched from a model hub.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+# GGUF token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+_CONTROL, _USER_DEFINED = 3, 4
+
+# Pre-tokenizer regexes per GGUF `tokenizer.ggml.pre` (llama.cpp's table, the families we load).
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str):
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre in ("smollm", "starcoder", "refact", "codeshell"):
+        # Digits split one by one, then GPT-2's split (StarCoder-style tokenizers).
+        split = pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated")
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), split, byte_level])
+    if pre in ("llama3", "llama-bpe", "smaug-bpe"):
+        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+        return pre_tokenizers.Sequence([split, byte_level])
+    if pre in ("default", "gpt2", "gpt-2"):
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}")
+
+
+class Tokenizer:
+    """Text <-> token ids. Special-token text in the input (e.g. <|im_start|>) becomes its id."""
+
+    def __init__(self, hf: HFTokenizer):
+        self.hf = hf
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        self.special_ids = frozenset(
+            i for i, tok in hf.get_added_tokens_decoder().items() if tok.special
+        )
+
+    @classmethod
+    def from_gguf_fields(cls, fields: dict) -> "Tokenizer":
+        """Build from GGUF metadata (`tokenizer.ggml.*`), as read by lingcode.engine.local.weights."""
+        kind = fields["tokenizer.ggml.model"]
+        if kind != "gpt2":
+            raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (byte-level BPE 'gpt2' only)")
+        tokens: list[str] = fields["tokenizer.ggml.tokens"]
+        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+        types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        hf.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+        hf.decoder = decoders.ByteLevel()
+        added = [
+            AddedToken(tok, special=(t == _CONTROL), normalized=False)
+            for tok, t in zip(tokens, types)
+            if t in (_CONTROL, _USER_DEFINED)
+        ]
+        hf.add_tokens(added)  # ids already exist in the vocab, so they keep their ids
+        return cls(hf)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Tokenizer":
+        return cls(HFTokenizer.from_file(str(path)))
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.hf.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.hf.id_to_token(token_id)
+
+
+def load_hf_tokenizer_config(model_dir: Path) -> dict:
+    """tokenizer_config.json (chat template, bos/eos text), or {} when the directory has none."""
+    path = model_dir / "tokenizer_config.json"
+    if not path.exists():
+        return {}
+    config = json.loads(path.read_text())
+    template_file = model_dir / "chat_template.jinja"
+    if "chat_template" not in config and template_file.exists():
+        config["chat_template"] = template_file.read_text()
+    return config

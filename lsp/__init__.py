@@ -1,0 +1,1 @@
+"""lingcode's editor integration: a language server over stdio (its own issue)."""

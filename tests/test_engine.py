@@ -1,0 +1,163 @@
+"""The embedded engine, the scheduler and the text layer on the real default model (in process)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+
+from lingcode.chat_template import TemplateError, render_chat
+from lingcode.engine import ContextOverflow, SamplingParams
+from lingcode.generation import generate_text
+from lingcode.scheduler import QueueFull, Scheduler
+
+GREEDY = dict(temperature=0.0)
+
+
+def chat_ids(engine, text: str) -> list[int]:
+    info = engine.info
+    prompt = render_chat(info.chat_template, [{"role": "user", "content": text}])
+    return info.tokenizer.encode(prompt)
+
+
+async def collect(scheduler, engine, rid, ids, params, stop=()):
+    chunks = [c async for c in generate_text(scheduler, engine.info.tokenizer, rid, ids, params, stop)]
+    return "".join(c.text for c in chunks), chunks[-1]
+
+
+def test_model_facts(engine):
+    info = engine.info
+    assert info.context_length == 8192
+    assert 2 in info.eos_token_ids  # <|im_end|>
+    assert info.tokenizer.vocab_size == 49152
+    cfg = engine.model.cfg
+    assert (cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
+    assert cfg.rope_theta == 100000.0 and cfg.tied_embeddings
+
+
+def test_tokenizer_round_trip_and_specials(engine):
+    tok = engine.info.tokenizer
+    text = "def reverse_string(s):\n    return s[::-1]  # 12345 héllo 🙂\n"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.encode("<|im_start|>user\nHi<|im_end|>")[0] == 1
+    assert tok.encode("<|im_start|>user\nHi<|im_end|>")[-1] == 2
+    assert tok.encode("12345") == [tok.token_to_id(d) for d in "12345"]  # digits split one by one
+
+
+def test_chat_template_renders_chatml(engine):
+    prompt = render_chat(engine.info.chat_template, [{"role": "user", "content": "Hi"}])
+    assert prompt.startswith("<|im_start|>system\n")
+    assert prompt.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(TemplateError):
+        render_chat(None, [{"role": "user", "content": "Hi"}])
+
+
+async def test_greedy_answer_is_a_python_function(engine):
+    scheduler = Scheduler(engine)
+    ids = chat_ids(engine, "Write a Python function that reverses a string.")
+    text, last = await collect(scheduler, engine, "reverse", ids, SamplingParams(max_tokens=120, **GREEDY))
+    assert "```python" in text and "def reverse_string" in text
+    assert last.finish_reason == "stop"
+    assert last.usage.prompt_tokens == len(ids)
+
+
+async def test_max_tokens_and_greedy_is_deterministic(engine):
+    scheduler = Scheduler(engine)
+    ids = chat_ids(engine, "Count from one to twenty in words.")
+    first, last = await collect(scheduler, engine, "a", ids, SamplingParams(max_tokens=12, **GREEDY))
+    assert last.finish_reason == "length" and last.usage.completion_tokens == 12
+    again, _ = await collect(scheduler, engine, "b", ids, SamplingParams(max_tokens=12, **GREEDY))
+    assert first == again
+
+
+async def test_seeded_sampling_is_reproducible(engine):
+    scheduler = Scheduler(engine)
+    ids = chat_ids(engine, "Tell me a short story about a robot.")
+    params = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, top_k=50, seed=1234)
+    a, _ = await collect(scheduler, engine, "s1", ids, params)
+    b, _ = await collect(scheduler, engine, "s2", ids, params)
+    c, _ = await collect(scheduler, engine, "s3", ids, SamplingParams(max_tokens=16, temperature=1.0, seed=99))
+    assert a == b
+    assert a != c
+
+
+async def test_stop_string_cuts_and_aborts(engine):
+    scheduler = Scheduler(engine)
+    ids = chat_ids(engine, "Write a Python function that reverses a string.")
+    text, last = await collect(scheduler, engine, "stop", ids, SamplingParams(max_tokens=120, **GREEDY), stop=["def"])
+    assert last.finish_reason == "stop"
+    assert "def" not in text and text.startswith("```python")
+    assert engine.stats()["last_request"]["generated_tokens"] < 10  # the engine stopped there too
+
+
+async def test_prefix_reuse_prefills_only_new_tokens(engine):
+    scheduler = Scheduler(engine)
+    tok = engine.info.tokenizer
+    first = chat_ids(engine, "What is the capital of France?")
+    answer, last = await collect(scheduler, engine, "turn1", first, SamplingParams(max_tokens=8, **GREEDY))
+    generated = engine.stats()["last_request"]["generated_tokens"]
+    follow = first + tok.encode(answer) + tok.encode("<|im_end|>\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
+    before = engine.stats()
+    _, last = await collect(scheduler, engine, "turn2", follow, SamplingParams(max_tokens=4, **GREEDY))
+    after = engine.stats()
+    # Every token fed last time is reused: the prompt and the answer but its last token (never fed).
+    assert last.usage.cached_tokens == len(first) + generated - 1
+    assert after["prefilled_tokens"] - before["prefilled_tokens"] == len(follow) - last.usage.cached_tokens
+
+
+async def test_abort_frees_the_engine_within_a_step(engine):
+    scheduler = Scheduler(engine)
+    ids = chat_ids(engine, "Write a long essay about the history of computing.")
+    before = engine.stats()
+    async with aclosing(generate_text(scheduler, engine.info.tokenizer, "long", ids, SamplingParams(max_tokens=2000, ignore_eos=True, **GREEDY))) as stream:
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n == 3:
+                break
+    after = engine.stats()
+    assert after["running"] is None and scheduler.stats()["running"] is None
+    assert after["aborted"] == before["aborted"] + 1
+    assert after["last_request"]["finish_reason"] == "abort"
+    assert after["last_request"]["steps_after_abort"] <= 1
+    assert after["last_request"]["generated_tokens"] < 10
+    _, last = await collect(scheduler, engine, "next", ids, SamplingParams(max_tokens=2, **GREEDY))
+    assert last.finish_reason == "length"
+
+
+async def test_scheduler_runs_in_order_and_drops_cancelled_waiters(engine):
+    scheduler = Scheduler(engine, max_queue=2)
+    ids = chat_ids(engine, "Say hello.")
+    params = SamplingParams(max_tokens=3, ignore_eos=True, **GREEDY)
+    order: list[str] = []
+
+    async def run(rid):
+        async for chunk in generate_text(scheduler, engine.info.tokenizer, rid, ids, params):
+            if chunk.finish_reason:
+                order.append(f"{rid}:{chunk.finish_reason}")
+
+    first = asyncio.create_task(run("r1"))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(run("r2"))
+    third = asyncio.create_task(run("r3"))
+    fourth = asyncio.create_task(run("r4"))
+    await asyncio.sleep(0.01)
+    assert scheduler.stats()["queued"] == ["r2", "r3"]
+    with pytest.raises(QueueFull):
+        await fourth
+    second.cancel()  # a client that went away while waiting: dropped at once, never run
+    assert await scheduler.cancel("r3")  # an explicit cancel of a waiting request
+    await asyncio.gather(first, third)
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert order == ["r3:abort", "r1:length"]  # r3 ended at once, while r1 was still running
+    stats = scheduler.stats()
+    assert stats["dropped_while_queued"] == 2 and stats["completed"] == 1 and stats["running"] is None
+
+
+async def test_context_overflow_is_an_error_not_a_truncation(engine):
+    scheduler = Scheduler(engine)
+    with pytest.raises(ContextOverflow):
+        await collect(scheduler, engine, "big", [1] * 8192, SamplingParams(max_tokens=1))
+    assert scheduler.stats()["running"] is None

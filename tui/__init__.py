@@ -1,0 +1,1 @@
+"""lingcode's terminal chat and agent UI (its own issue)."""
