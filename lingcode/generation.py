@@ -35,17 +35,21 @@ class Timing:
     tpot_ms: float | None  # mean time per output token after the first
     total_ms: float
     completion_tokens: int
+    accept_length: float | None = None  # speculative decoding: tokens per verify step, if the engine says
 
     def as_dict(self) -> dict:
         tokens_per_s = None
         if self.tpot_ms:
             tokens_per_s = round(1000.0 / self.tpot_ms, 2)
-        return {
+        timing = {
             "ttft_ms": _round(self.ttft_ms),
             "tpot_ms": _round(self.tpot_ms),
             "total_ms": _round(self.total_ms),
             "tokens_per_s": tokens_per_s,
         }
+        if self.accept_length is not None:
+            timing["accept_length"] = _round(self.accept_length)
+        return timing
 
 
 def _round(value: float | None) -> float | None:
@@ -78,6 +82,7 @@ async def generate_text(
     start = time.perf_counter()
     first_token_at = None
     n_tokens = cached = 0
+    accept_length = None
     text, last_ids, finish = "", [], None
     async with aclosing(scheduler.generate(request_id, input_ids, params)) as chunks:
         async for chunk in chunks:
@@ -86,6 +91,8 @@ async def generate_text(
             n_tokens += len(chunk.token_ids)
             last_ids = chunk.token_ids
             cached = chunk.cached_tokens
+            if chunk.spec_accept_length is not None:
+                accept_length = chunk.spec_accept_length
             text = detok.add(chunk.token_ids)
             if chunk.finish_reason is not None:
                 text += detok.flush()
@@ -100,5 +107,6 @@ async def generate_text(
     end = time.perf_counter()
     ttft = None if first_token_at is None else (first_token_at - start) * 1e3
     tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
-    timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens)
+    timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens,
+                    accept_length=accept_length)  # fmt: skip
     yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing)

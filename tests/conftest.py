@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,3 +28,54 @@ def engine(model_path):
     from lingcode.engine.local import load_engine
 
     return load_engine(model_path, device="cpu")
+
+
+@dataclass
+class Daemon:
+    """A running `lingcode serve` process, as a client finds it: from daemon.json and the token file."""
+
+    url: str
+    token: str
+    home: Path  # its LINGCODE_HOME
+    record: dict  # daemon.json
+    process: subprocess.Popen
+    log: Path  # its stdout and stderr
+
+    @property
+    def daemon_file(self) -> Path:
+        return self.home / "state" / "daemon.json"
+
+
+@pytest.fixture(scope="session")
+def daemon(model_path, tmp_path_factory) -> Daemon:
+    """A real daemon, started once per session through the CLI on a free port, under its own LINGCODE_HOME.
+
+    At the end of the session it gets SIGTERM and must exit 0 and remove its daemon.json.
+    """
+    home = tmp_path_factory.mktemp("daemon-home")
+    log_path = home / "daemon.log"
+    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu"]
+    env = {**os.environ, "LINGCODE_HOME": str(home)}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    daemon_file = home / "state" / "daemon.json"
+    deadline = time.monotonic() + 120
+    while not daemon_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            pytest.fail(f"`lingcode serve` did not get ready (exit code {process.returncode}):\n{log_path.read_text()}")
+        time.sleep(0.1)
+    record = json.loads(daemon_file.read_text())
+    token = Path(record["token_file"]).read_text().strip()
+    yield Daemon(record["url"], token, home, record, process, log_path)
+
+    process.send_signal(signal.SIGTERM)
+    try:
+        code = process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail(f"the daemon did not stop within 30 s of SIGTERM:\n{log_path.read_text()}")
+    assert code == 0, f"the daemon exited with {code}:\n{log_path.read_text()}"
+    assert not daemon_file.exists(), "the daemon left its daemon.json behind on a clean exit"

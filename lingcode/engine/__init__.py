@@ -18,6 +18,10 @@ class EngineError(RuntimeError):
     """The engine failed while serving a request; the request ends, the engine stays usable."""
 
 
+class EngineUnavailable(EngineError):
+    """The engine cannot take requests now (starting, restarting, unreachable): retry later (503)."""
+
+
 class ContextOverflow(ValueError):
     """The request does not fit the model's context (never truncated silently)."""
 
@@ -45,6 +49,8 @@ class TokenChunk:
     finish_reason: str | None = None  # "stop" (eos / stop id), "length", "abort"
     prompt_tokens: int = 0  # tokens in the request's input
     cached_tokens: int = 0  # of those, reused from the KV cache (not prefilled again)
+    # Speculative decoding: mean tokens accepted per verify step, on the last chunk when known.
+    spec_accept_length: float | None = None
 
 
 @dataclass(frozen=True)

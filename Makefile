@@ -1,0 +1,40 @@
+# Two commands: `make run` serves the default model, `make test` runs the whole suite.
+# Both build .venv on first use; it is reinstalled only when pyproject.toml changes (stamp files).
+#   make run ARGS="--port 0"        extra arguments for `lingcode serve`
+#   make test PYTEST_ARGS="-x -k cli"  extra arguments for pytest
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ARGS ?=
+PYTEST_ARGS ?=
+
+# torch is pinned here, not in pyproject.toml: a plain `torch` requirement would download a
+# multi-GB CUDA build, while 2.13.0 (CPU) is on disk on these machines.
+TORCH := torch==2.13.0
+
+.PHONY: run test clean
+
+run: $(VENV)/.installed-run
+	$(BIN)/lingcode pull
+	exec $(BIN)/lingcode serve $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(BIN)/lingcode pull
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+$(VENV)/.torch:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install $(TORCH)
+	touch $@
+
+$(VENV)/.installed-run: pyproject.toml $(VENV)/.torch
+	$(BIN)/python -m pip install -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+clean:
+	rm -rf $(VENV)

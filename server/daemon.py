@@ -1,0 +1,294 @@
+"""`lingcode serve`: the daemon in the foreground.
+
+In order: refuse if a daemon is already answering at the address daemon.json names; make sure
+the token file exists (created once, 0600); bind the socket (so `--port 0` gets a free port
+whose number we know, and a busy port fails before the model loads); load the engine; run
+uvicorn on that socket. Once uvicorn accepts connections, daemon.json (url, pid, engine, model,
+token file) is written for clients to find us; on a clean exit (Ctrl+C, SIGTERM) it is removed,
+if it is still ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+from lingcode import __version__, paths
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGTERM
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _fail(message: str, code: int = EXIT_FAILED) -> int:
+    print(f"lingcode serve: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def _write_new(path: Path, text: str) -> Path:
+    """Write `text` to a fresh temp file (0600 from the start) next to `path`; returns the temp path."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+def ensure_token(path: Path) -> str:
+    """The daemon's token: read from `path`, or created there (32 random bytes, url-safe, 0600)."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = None
+    if token:
+        if os.name == "posix" and path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)  # someone loosened it; a token readable by others is no token
+        return token
+    token_missing = token is None
+    token = secrets.token_urlsafe(32)
+    tmp = _write_new(path, token)
+    try:
+        if token_missing:
+            try:
+                os.link(tmp, path)  # create-if-absent, atomically: if a daemon starting at the same
+            except FileExistsError:  # time won the race, use its token
+                return ensure_token(path)
+            except (OSError, AttributeError):  # no hard links here
+                os.replace(tmp, path)
+        else:
+            os.replace(tmp, path)  # an empty token file is replaced
+    finally:
+        tmp.unlink(missing_ok=True)
+    return token
+
+
+def write_daemon_file(path: Path, record: dict) -> None:
+    """Atomically (temp file + rename), 0600: a client never reads half a file."""
+    tmp = _write_new(path, json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def remove_daemon_file(path: Path) -> None:
+    """Remove daemon.json if it still describes this process (a newer daemon may have replaced it)."""
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return
+    if record.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def running_daemon(path: Path) -> dict | None:
+    """The daemon that daemon.json names, if it is alive and answering; None if the file is stale."""
+    try:
+        record = json.loads(path.read_text())
+        pid, url = int(record["pid"]), str(record["url"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, someone else's
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1.0) as response:
+            return record if response.status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
+# --- the socket -------------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind (not yet listen: connections are refused, not left hanging, while the model loads)."""
+    addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = addresses[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        if os.name == "posix":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    """The URL clients use: the bound address with its real port (a wildcard address -> loopback)."""
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+# --- serve ------------------------------------------------------------------------------------
+
+
+def serve(
+    *,
+    engine: str,
+    model_path: Path,
+    model_name: str,
+    host: str,
+    port: int,
+    device: str,
+    max_queue: int,
+    log_level: str,
+) -> int:
+    """Run the daemon until Ctrl+C or SIGTERM; the process exit code."""
+    if engine != "local":
+        return _fail(f"engine {engine!r} is not available; this version has the embedded 'local' engine", EXIT_USAGE)
+    daemon_file = paths.daemon_file()
+    if (other := running_daemon(daemon_file)) is not None:
+        return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']}; stop it first "
+                     f"(or remove {daemon_file} if that is wrong)")  # fmt: skip
+    token_file = paths.token_file()
+    token = ensure_token(token_file)
+    if not is_loopback(host):
+        print(f"lingcode serve: WARNING: listening on {host}, not loopback: anyone who can reach this "
+              "machine and has the token can use the model", file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        return _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+    _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
+    started = time.perf_counter()
+    try:
+        from lingcode.engine.local import load_engine
+
+        local_engine = load_engine(Path(model_path), device=device)
+    except KeyboardInterrupt:
+        sock.close()
+        return 130
+    except Exception as exc:  # a bad file, an unsupported architecture, no CUDA: say so, no traceback
+        sock.close()
+        return _fail(f"could not load {model_path}: {type(exc).__name__}: {exc}")
+    info = local_engine.info
+    where = " ".join(str(info.extra[k]) for k in ("device", "dtype") if k in info.extra) or device
+    _say(f"loaded {model_name} in {time.perf_counter() - started:.1f} s ({where}, "
+         f"{info.context_length} tokens of context)")  # fmt: skip
+
+    from lingcode.scheduler import Scheduler
+    from lingcode.server.app import create_app
+
+    scheduler = Scheduler(local_engine, max_queue=max_queue)
+    app = create_app(scheduler, info, token, model_id=model_name)
+    url = socket_url(sock)
+    record = {
+        "url": url, "pid": os.getpid(), "engine": engine, "model": model_name, "model_path": str(model_path),
+        "token_file": str(token_file), "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "version": __version__,
+    }  # fmt: skip
+
+    def ready() -> None:
+        write_daemon_file(daemon_file, record)
+        _say(banner(model_name, url, token_file, daemon_file))
+
+    try:
+        return _run_uvicorn(app, sock, scheduler, log_level, ready)
+    finally:
+        remove_daemon_file(daemon_file)
+        sock.close()
+
+
+def banner(model_name: str, url: str, token_file: Path, daemon_file: Path) -> str:
+    """What `lingcode serve` prints once it is ready: where it is, and how to point a client at it."""
+    return (
+        f"\nlingcode is serving {model_name} at {url}\n"
+        f"  token:  {token_file}\n"
+        f"  daemon: {daemon_file}\n"
+        f"Point an OpenAI client at it:\n"
+        f"  export OPENAI_BASE_URL={url}/v1\n"
+        f"  export OPENAI_API_KEY=$(cat {shlex.quote(str(token_file))})\n"
+        f"Ctrl+C stops it."
+    )
+
+
+def _run_uvicorn(app, sock: socket.socket, scheduler, log_level: str, ready) -> int:
+    """Serve `app` on `sock` until SIGINT/SIGTERM; call ready() once connections are accepted."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=log_level in ("info", "debug"),
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with
+    # the handler it found. A no-op there lets us return, clean up, and exit 0.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    stop_signals = (signal.SIGINT, signal.SIGTERM) if in_main_thread else ()
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in stop_signals}
+    try:
+        asyncio.run(_serve_until_stopped(server, sock, scheduler, ready))
+    except SystemExit as exc:  # uvicorn's startup failure
+        return exc.code if isinstance(exc.code, int) else EXIT_FAILED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _say("lingcode: stopped")
+    return EXIT_OK
+
+
+async def _serve_until_stopped(server, sock: socket.socket, scheduler, ready) -> None:
+    """uvicorn's serve(), plus: daemon.json once it accepts, and aborts once it is asked to stop.
+
+    On Ctrl+C / SIGTERM uvicorn waits for open responses to end. Aborting what runs and waits
+    makes them end at once, properly (finish_reason "abort", then [DONE] on streams), instead of
+    being cut when the graceful-shutdown timeout runs out.
+    """
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.02)
+    try:
+        if server.started:
+            ready()
+        while not serving.done():
+            if server.should_exit:
+                now = scheduler.stats()
+                for request_id in [now["running"], *now["queued"]]:
+                    if request_id is not None:
+                        await scheduler.cancel(request_id)
+            await asyncio.wait({serving}, timeout=0.05)
+        await serving
+    finally:
+        await scheduler.engine.close()

@@ -1,0 +1,100 @@
+"""Every failure a client can see, in OpenAI's error shape, with the right HTTP status.
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
+
+SDKs read `error.message`, so the real reason reaches the user. Nothing else leaks out: FastAPI's
+422 lists become 400s, unknown routes 404s, and an unexpected exception a 500 that says only that
+(the traceback goes to the daemon's log, never to the client).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+# The error `type` for each status (OpenAI's names where it has one).
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+class APIError(Exception):
+    """Raise anywhere in a request: the client gets `status` and this message in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
+    """A 400: the request is malformed or asks for something this server does not do."""
+    return APIError(400, message, param=param, code=code)
+
+
+def context_overflow(message: str, *, param: str) -> APIError:
+    return APIError(400, message, param=param, code="context_length_exceeded")
+
+
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors: unknown route (404), wrong method (405), ..."""
+    if exc.status_code == 404:
+        message, code = f"unknown route: {request.method} {request.url.path}", "unknown_url"
+    elif exc.status_code == 405:
+        message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+    else:
+        message, code = str(exc.detail), None
+    return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 (only reachable if a route ever declares a body model): a 400 like ours."""
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return invalid(f"{param}: {first.get('msg', 'invalid request')}", param=param).response()
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette re-raises the exception after this response is sent, so uvicorn logs the traceback.
+    return APIError(500, "internal server error; the daemon's log has the details").response()
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,87 @@
+"""From a validated request to what the engine runs: prompt token ids and sampling params.
+
+The context length is checked here, before anything is queued: a prompt that does not fit, or
+a prompt plus max_tokens that does not fit, is a 400 `context_length_exceeded` (in OpenAI's
+words, which some clients match on). Nothing is ever truncated silently.
+"""
+
+from __future__ import annotations
+
+from lingcode.chat_template import TemplateError, render_chat
+from lingcode.engine import ModelInfo, SamplingParams
+from lingcode.server.errors import APIError, invalid
+from lingcode.server.openai_api import CompletionRequest, Message, GenerationRequest
+
+
+def chat_prompt_ids(info: ModelInfo, messages: list[Message]) -> list[int]:
+    """The model's chat template over the messages, ending with the assistant's turn, as token ids."""
+    try:
+        text = render_chat(
+            info.chat_template,
+            [m.for_template() for m in messages],
+            bos_token=info.bos_token,
+            eos_token=info.eos_token,
+        )
+    except TemplateError as exc:
+        raise invalid(str(exc), param="messages") from None
+    return info.tokenizer.encode(text)
+
+
+def completion_prompt_ids(info: ModelInfo, body: CompletionRequest) -> list[int]:
+    """The prompt as token ids; with `suffix`, wrapped in the model's fill-in-the-middle tokens."""
+    if isinstance(body.prompt, list):
+        ids = list(body.prompt)
+        vocab = info.tokenizer.vocab_size
+        if any(not 0 <= i < vocab for i in ids):
+            raise invalid(f"prompt token ids must be in [0, {vocab})", param="prompt")
+    else:
+        ids = info.tokenizer.encode(body.prompt)
+    if body.suffix is None or (body.suffix == "" and not info.fim_tokens):
+        return ids
+    if not info.fim_tokens:
+        raise APIError(
+            400,
+            f"suffix: model {info.name!r} has no fill-in-the-middle tokens, so `suffix` is not "
+            "supported; send the prompt alone",
+            param="suffix",
+            code="suffix_not_supported",
+        )
+    # PSM order: <prefix> prompt <suffix> suffix <middle>, and the model writes the middle.
+    encode, fim = info.tokenizer.encode, info.fim_tokens
+    return encode(fim["prefix"]) + ids + encode(fim["suffix"]) + encode(body.suffix) + encode(fim["middle"])
+
+
+def sampling_params(info: ModelInfo, body: GenerationRequest, prompt_tokens: int, what: str) -> SamplingParams:
+    """The request's sampling params; max_tokens defaults to what the context has left.
+
+    `what` names the prompt in errors: "messages" (chat) or "prompt" (completions).
+    """
+    context = info.context_length
+    if prompt_tokens >= context:  # the model needs room for at least one new token
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, your {what} "
+            f"resulted in {prompt_tokens} tokens. Please reduce the length of the {what}.",
+            param=what,
+            code="context_length_exceeded",
+        )
+    max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = context - prompt_tokens
+    elif prompt_tokens + max_tokens > context:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {what} or completion.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(body.top_k or 0, 0),
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+    )

@@ -1,0 +1,227 @@
+"""What a client may send to the OpenAI-compatible routes, validated before any work is queued.
+
+Types are strict (a max_tokens of "5" or true is a 400, not a guess) and ranges are OpenAI's.
+Fields this server does not implement are accepted only at their neutral value (n=1, no
+penalties, no logprobs, ...), so that a client never gets output silently different from what it
+asked for; any other value is a 400 that names the field. Unknown extra fields are ignored, as
+OpenAI-compatible servers do, since SDKs and frameworks send many of them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lingcode.server.errors import APIError, invalid
+
+MAX_STOP_STRINGS = 4
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content):
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"only text content parts are supported, not {kind!r}")
+        return content
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role!r} message needs content")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates expect it: text content, "developer" read as "system"."""
+        if isinstance(self.content, list):
+            content = "\n".join(part.text for part in self.content)
+        else:
+            content = self.content or ""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+def _unsupported(value: object) -> ValueError:
+    return ValueError(f"{value!r} is not supported by this server")
+
+
+class GenerationRequest(_Strict):
+    """Fields both routes share: sampling, stopping, streaming."""
+
+    model: str | None = None  # one model is served; any name reaches it
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # an extension (vLLM's): -1 or 0 means no cut
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # the range torch's generators take
+    n: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # an extension (vLLM's): generate past the end-of-sequence token
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+
+    @field_validator("n", "best_of", check_fields=False)
+    @classmethod
+    def _one_choice(cls, value):
+        if value not in (None, 1):
+            raise ValueError("must be 1: this server returns one choice per request")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value):
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalties(cls, value):
+        if value:
+            raise _unsupported(value)
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value):
+        if value:
+            raise ValueError("logit_bias is not supported by this server")
+        return value
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value:
+            raise ValueError("logprobs are not supported by this server")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value):
+        if value:
+            raise ValueError("tools are not supported yet by this server")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value):
+        if value and value.get("type", "text") != "text":
+            raise ValueError(f"only the 'text' response format is supported, not {value.get('type')!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_max_tokens(self):
+        # max_completion_tokens is OpenAI's newer name for max_tokens.
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError("max_tokens and max_completion_tokens disagree; send one of them")
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+
+class CompletionRequest(GenerationRequest):
+    # A string, or OpenAI's other forms of one prompt: [string], [token ids], [[token ids]].
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: str | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and value and not isinstance(value[0], int):
+            if len(value) != 1:
+                raise ValueError("send one prompt per request (a list of prompts is not supported)")
+            value = value[0]
+        if not value:
+            raise ValueError("the prompt is empty")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value):
+        if value:
+            raise _unsupported(value)
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value):
+        if value is not None:
+            raise ValueError("logprobs are not supported by this server")
+        return value
+
+
+# Pydantic names union members in error locations ("content", "list[TextPart]", 0, "type"); a
+# client wants the field path, so those tags are dropped.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|[A-Z]\w*|\w+\[.*\]|[\w-]+-\w+\[.*\])$")
+
+
+def parse(model: type[_Strict], data: object) -> _Strict:
+    """Validate a parsed JSON body; the first problem becomes a 400 naming the field."""
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        parts: list[str] = []
+        for part in error["loc"]:
+            if isinstance(part, int):
+                parts.append(f"[{part}]")
+            elif not _UNION_TAG.match(part):
+                parts.append(("." if parts else "") + part)
+        param = "".join(parts) or None
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "missing":
+            message = "this field is required"
+        raise APIError(400, f"{param}: {message}" if param else message, param=param) from None

@@ -1,0 +1,112 @@
+"""The `lingcode` command, run the way a person runs it: `python -m lingcode ...` in a subprocess."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from lingcode import cli, models
+
+SERVE_OPTIONS = ("--engine", "--model", "--host", "--port", "--device", "--max-queue", "--log-level")
+
+
+def lingcode(*args: str, home=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if home is not None:
+        env["LINGCODE_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "lingcode", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_models_json_in_an_empty_home(tmp_path):
+    result = lingcode("models", "--json", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["name"] == models.DEFAULT_MODEL
+    assert row["pulled"] is False
+    assert row["path"] == str(tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_models_json_sees_the_pulled_model(model_path):
+    result = lingcode("models", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows[models.DEFAULT_MODEL]["pulled"] is True
+    assert rows[models.DEFAULT_MODEL]["path"] == str(model_path)
+
+
+def test_models_table(tmp_path):
+    result = lingcode("models", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert models.DEFAULT_MODEL in result.stdout
+    assert "no" in result.stdout.split(models.DEFAULT_MODEL, 1)[1]
+
+
+def test_serve_help_documents_every_option():
+    result = lingcode("serve", "--help")
+    assert result.returncode == 0, result.stderr
+    for option in SERVE_OPTIONS:
+        assert option in result.stdout
+    assert "8377" in result.stdout and "127.0.0.1" in result.stdout
+    (subcommands,) = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subcommands.choices["serve"]._actions:
+        assert action.help, f"{action.option_strings} has no help"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["serve", "--model", "/no/such/model.gguf"], "no such file"),
+        (["serve", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["serve", "--model", "pyproject.toml"], "not a GGUF file"),
+        (["pull", "no-such-model"], "unknown model 'no-such-model'"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(tmp_path, args, message):
+    result = lingcode(*args, home=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("lingcode: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_serve_hands_the_resolved_model_to_the_daemon(model_path, monkeypatch):
+    """cli only resolves the model; lingcode.server.daemon.serve does the serving."""
+    calls = []
+    daemon = types.ModuleType("lingcode.server.daemon")
+    daemon.serve = lambda **kwargs: calls.append(kwargs) or 0
+    monkeypatch.setitem(sys.modules, "lingcode.server.daemon", daemon)
+
+    assert cli.main(["serve", "--model", "smollm2", "--port", "0", "--max-queue", "4"]) == 0
+    assert calls == [{
+        "engine": "local", "model_path": model_path, "model_name": models.DEFAULT_MODEL,
+        "host": "127.0.0.1", "port": 0, "device": "auto", "max_queue": 4, "log_level": "info",
+    }]
+
+
+def test_bad_port_is_a_usage_error():
+    result = lingcode("serve", "--port", "70000")
+    assert result.returncode == 2
+    assert "0-65535" in result.stderr
+
+
+def test_doctor_in_an_empty_home(tmp_path):
+    result = lingcode("doctor", home=tmp_path)
+    assert result.returncode == 1  # the default model is not pulled there
+    assert "NOT PULLED" in result.stdout
+    assert str(tmp_path / "config") in result.stdout
+    assert "not running" in result.stdout
+
+
+def test_doctor_reports_a_stale_daemon_file(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "daemon.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": 1}))
+    result = lingcode("doctor", home=tmp_path)
+    assert "does not answer" in result.stdout

@@ -1,0 +1,493 @@
+"""The daemon, end to end: a real `lingcode serve` process on the real model, driven over HTTP.
+
+Clients are the official `openai` SDK (what users point at lingcode) and plain httpx where the
+exact bytes matter (error shapes, SSE framing, over-size bodies). Assertions are on outputs and
+on the engine's and scheduler's counters (GET /v1/lingcode/stats), never on wall time. Generations
+stay short (max_tokens <= 32) except where a long one is the point.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from lingcode.chat_template import render_chat
+
+GREEDY = {"temperature": 0}
+CODE_QUESTION = "Write a Python function that reverses a string."
+ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.url + "/v1", api_key=daemon.token, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def http(daemon) -> httpx.Client:
+    with httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def info(engine):
+    """The model's tokenizer and chat template, from the same lingcode code the daemon runs."""
+    return engine.info
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def chat_prompt_ids(info, messages: list[dict]) -> list[int]:
+    text = render_chat(info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token)
+    return info.tokenizer.encode(text)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def stats(http: httpx.Client) -> dict:
+    response = http.get("/v1/lingcode/stats")
+    assert response.status_code == 200
+    return response.json()
+
+
+def wait_idle(http: httpx.Client, timeout_s: float = 30.0) -> dict:
+    """Stats once nothing runs or waits (a bound against a hang, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = stats(http)
+        if now["engine"]["running"] is None and now["scheduler"]["running"] is None and not now["scheduler"]["queued"]:
+            return now
+        assert time.monotonic() < deadline, f"the engine is still busy: {now}"
+        time.sleep(0.02)
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == ERROR_FIELDS
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    """The `data:` payloads of an SSE response, in order."""
+    events = []
+    for block in response.text.split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: "), block
+            events.append(block.removeprefix("data: "))
+    return events
+
+
+# --- the daemon process -----------------------------------------------------------------------
+
+
+def test_daemon_file_and_token_file(daemon):
+    record = daemon.record
+    assert record["pid"] == daemon.process.pid
+    assert record["engine"] == "local"
+    assert record["url"].startswith("http://127.0.0.1:") and not record["url"].endswith(":0")
+    token_file = Path(record["token_file"])
+    assert token_file == daemon.home / "config" / "token"
+    for path in (token_file, daemon.daemon_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert len(daemon.token) >= 43  # 32 random bytes, url-safe base64
+    assert "OPENAI_BASE_URL=" + record["url"] + "/v1" in daemon.log.read_text()
+
+
+def test_health_needs_no_token(daemon):
+    response = httpx.get(daemon.url + "/health")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "model": daemon.record["model"]}
+
+
+def test_models(client, daemon):
+    models = client.models.list().data
+    assert [m.id for m in models] == [daemon.record["model"]]
+
+
+# --- auth -------------------------------------------------------------------------------------
+
+
+def test_401_without_or_with_a_wrong_token(daemon):
+    assert_error(httpx.get(daemon.url + "/v1/models"), 401, code="invalid_api_key")
+    bad = openai.OpenAI(base_url=daemon.url + "/v1", api_key="not-the-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="m", messages=user("hi"), max_tokens=1)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    # Unknown routes are guarded too: nothing is revealed without the token.
+    assert httpx.post(daemon.url + "/v1/nope").status_code == 401
+
+
+def test_x_api_key_works(daemon):
+    response = httpx.get(daemon.url + "/v1/models", headers={"x-api-key": daemon.token})
+    assert response.status_code == 200
+    assert httpx.get(daemon.url + "/v1/models", headers={"x-api-key": "wrong"}).status_code == 401
+
+
+# --- chat completions -------------------------------------------------------------------------
+
+
+def test_reverse_string_sanity(client):
+    """The issue's acceptance check on the real model."""
+    response = client.chat.completions.create(model="m", messages=user(CODE_QUESTION), max_tokens=120, **GREEDY)
+    content = response.choices[0].message.content
+    assert "```python" in content
+    assert "def reverse_string" in content
+
+
+def test_chat_completion(client, http, info):
+    messages = user("What is the capital of France?")
+    before = stats(http)["engine"]
+    response = client.chat.completions.create(model="m", messages=messages, max_tokens=24, **GREEDY)
+    after = stats(http)["engine"]
+
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    choice = response.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content.strip()
+    assert choice.finish_reason in ("stop", "length")
+    usage = response.usage
+    assert usage.prompt_tokens == len(chat_prompt_ids(info, messages))
+    assert usage.completion_tokens == after["generated_tokens"] - before["generated_tokens"]
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens == after["cached_tokens"] - before["cached_tokens"]
+    timings = response.model_extra["timings"]
+    assert timings["prompt_tokens"] == usage.prompt_tokens
+    assert timings["ttft_ms"] > 0 and timings["tpot_ms"] > 0 and timings["total_ms"] >= timings["ttft_ms"]
+
+
+def test_chat_streamed_equals_unstreamed(client):
+    messages = user("Name three colors.")
+    whole = client.chat.completions.create(model="m", messages=messages, max_tokens=24, **GREEDY)
+    chunks = list(client.chat.completions.create(model="m", messages=messages, max_tokens=24, stream=True, **GREEDY))
+
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == whole.choices[0].message.content
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == whole.choices[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert last.model_extra["timings"]["completion_tokens"] == whole.usage.completion_tokens
+
+
+def test_stream_include_usage(client, info):
+    messages = user("Count to five.")
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=messages, max_tokens=8, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
+    *body, usage_chunk = chunks
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage.prompt_tokens == len(chat_prompt_ids(info, messages))
+    assert usage_chunk.usage.completion_tokens == 8
+    assert usage_chunk.usage.total_tokens == usage_chunk.usage.prompt_tokens + 8
+    assert all(c.usage is None for c in body)
+    assert body[-1].choices[0].finish_reason == "length"
+
+
+def test_sse_framing_ends_with_done(http):
+    body = {"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] is not None
+    timings = chunks[-1]["timings"]
+    assert set(timings) >= {"ttft_ms", "tpot_ms", "total_ms", "tokens_per_s", "prompt_tokens", "cached_tokens"}
+
+
+def test_max_tokens(client):
+    response = client.chat.completions.create(
+        model="m", messages=user("Tell me a long story about a dragon."), max_tokens=5, **GREEDY
+    )
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 5
+    # OpenAI's newer name for the same limit.
+    response = client.chat.completions.create(
+        model="m", messages=user("Tell me a long story about a dragon."), max_completion_tokens=3, **GREEDY
+    )
+    assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 3
+
+
+def test_stop_strings(client):
+    def chat(**kwargs):
+        messages = user(CODE_QUESTION)
+        return client.chat.completions.create(model="m", messages=messages, max_tokens=24, **GREEDY, **kwargs)
+
+    full = chat().choices[0].message.content
+    assert "def " in full, full
+    expected = full[: full.index("def ")]
+
+    response = chat(stop=["def ", "zzz"])
+    assert response.choices[0].message.content == expected
+    assert response.choices[0].finish_reason == "stop"
+
+    chunks = list(chat(stop="def ", stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed == expected and "def " not in streamed
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def sample(seed: int) -> str:
+        response = client.chat.completions.create(
+            model="m", messages=user("Write a short poem about the sea."), max_tokens=16, temperature=0.8, seed=seed
+        )
+        return response.choices[0].message.content
+
+    first = sample(1234)
+    assert first and sample(1234) == first
+
+
+# --- text completions -------------------------------------------------------------------------
+
+
+def test_completion(client, http, info):
+    prompt = "def fibonacci(n):"
+    before = stats(http)["engine"]
+    response = client.completions.create(model="m", prompt=prompt, max_tokens=16, **GREEDY)
+    after = stats(http)["engine"]
+    assert response.object == "text_completion" and response.id.startswith("cmpl-")
+    choice = response.choices[0]
+    assert choice.text and choice.logprobs is None
+    assert response.usage.prompt_tokens == len(info.tokenizer.encode(prompt))
+    assert response.usage.completion_tokens == after["generated_tokens"] - before["generated_tokens"]
+    assert response.model_extra["timings"]["ttft_ms"] > 0
+
+    chunks = list(client.completions.create(model="m", prompt=prompt, max_tokens=16, stream=True, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+
+
+def test_completion_prompt_as_token_ids(client, info):
+    prompt = "The quick brown fox"
+    as_text = client.completions.create(model="m", prompt=prompt, max_tokens=8, **GREEDY)
+    as_ids = client.completions.create(model="m", prompt=info.tokenizer.encode(prompt), max_tokens=8, **GREEDY)
+    assert as_ids.choices[0].text == as_text.choices[0].text
+    assert as_ids.usage.prompt_tokens == as_text.usage.prompt_tokens
+
+
+def test_completion_stop_and_usage_chunk(client):
+    prompt = "1, 2, 3, 4,"
+    full = client.completions.create(model="m", prompt=prompt, max_tokens=16, **GREEDY).choices[0].text
+    assert " 7" in full, full
+    options = {"include_usage": True}
+    chunks = list(
+        client.completions.create(
+            model="m", prompt=prompt, max_tokens=16, stop=[" 7"], stream=True, stream_options=options, **GREEDY
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == full[: full.index(" 7")]
+    assert chunks[-2].choices[0].finish_reason == "stop"
+
+
+def test_suffix_needs_fill_in_the_middle_tokens(http, info):
+    response = http.post("/v1/completions", json={"prompt": "def f(", "suffix": "\n    return x\n", "max_tokens": 4})
+    if info.fim_tokens:
+        assert response.status_code == 200
+    else:
+        assert_error(response, 400, param="suffix")
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_unknown_route_and_method(http):
+    assert_error(http.get("/v1/nope"), 404)
+    assert_error(http.post("/v2/chat/completions", json={}), 404)
+    assert_error(http.get("/v1/chat/completions"), 405)
+
+
+def test_malformed_and_invalid_bodies(http):
+    for raw in (b'{"messages": [', b"[1, 2]", b"", b"\xff\xfe"):
+        response = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        assert_error(response, 400)
+    ok = {"messages": user("hi"), "max_tokens": 1}
+    cases = [
+        ({**ok, "n": 2}, "n"),
+        ({**ok, "max_tokens": 0}, "max_tokens"),
+        ({**ok, "max_tokens": "5"}, "max_tokens"),
+        ({**ok, "temperature": 2.5}, "temperature"),
+        ({**ok, "top_p": 0}, "top_p"),
+        ({**ok, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({**ok, "seed": "x"}, "seed"),
+        ({**ok, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        ({**ok, "messages": []}, "messages"),
+        ({"max_tokens": 1}, "messages"),
+    ]
+    for body, param in cases:
+        assert_error(http.post("/v1/chat/completions", json=body), 400, param=param)
+    assert_error(http.post("/v1/completions", json={"prompt": ["a", "b"], "max_tokens": 1}), 400, param="prompt")
+    assert_error(http.post("/v1/completions", json={"prompt": "a", "n": 3}), 400, param="n")
+
+
+def test_n_other_than_one_through_the_sdk(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="m", messages=user("hi"), max_tokens=1, n=2)
+    assert caught.value.status_code == 400
+
+
+def test_context_overflow_is_a_400_never_a_truncation(client, http, info):
+    before = stats(http)["engine"]["requests"]
+    too_long = user("hello " * 9000)  # over the 8192-token context on its own
+    assert len(chat_prompt_ids(info, too_long)) > info.context_length
+    response = http.post("/v1/chat/completions", json={"messages": too_long, "max_tokens": 1})
+    error = assert_error(response, 400, code="context_length_exceeded")
+    assert str(info.context_length) in error["message"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="m", messages=too_long)
+    assert caught.value.code == "context_length_exceeded"
+
+    # The prompt fits, but not with the completion asked for.
+    prompt = "hello" + " hello" * 7999
+    n_prompt = len(info.tokenizer.encode(prompt))
+    assert n_prompt < info.context_length < n_prompt + 500
+    response = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 500})
+    assert_error(response, 400, code="context_length_exceeded", param="max_tokens")
+    assert stats(http)["engine"]["requests"] == before  # nothing reached the engine
+
+
+def test_over_size_body_is_413(http):
+    big = json.dumps({"messages": user("x" * (4 * 1024 * 1024 + 1))}).encode()
+    assert_error(http.post("/v1/chat/completions", content=big, headers={"content-type": "application/json"}), 413)
+
+    def chunked():  # no Content-Length: the limit is checked while reading
+        for _ in range(5):
+            yield b" " * (1024 * 1024)
+        yield b"{}"
+
+    assert_error(http.post("/v1/completions", content=chunked(), headers={"content-type": "application/json"}), 413)
+    assert http.get("/health").status_code == 200  # and the daemon is fine
+
+
+# --- the engine slot: disconnects and prefix reuse -------------------------------------------
+
+
+def test_disconnect_mid_stream_frees_the_engine_within_a_step(client, http):
+    before = wait_idle(http)
+    stream = client.chat.completions.create(
+        model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()  # the client goes away after a few tokens
+
+    after = wait_idle(http)
+    assert after["engine"]["aborted"] == before["engine"]["aborted"] + 1
+    assert after["scheduler"]["aborted"] == before["scheduler"]["aborted"] + 1
+    last = after["engine"]["last_request"]
+    assert last["finish_reason"] == "abort"
+    assert last["steps_after_abort"] <= 1
+    assert last["generated_tokens"] < 100  # stopped right away, nowhere near max_tokens
+    # The engine is free for the next request.
+    response = client.chat.completions.create(model="m", messages=user("Hi"), max_tokens=4, **GREEDY)
+    assert response.choices[0].finish_reason in ("stop", "length")
+
+
+def test_disconnect_while_queued_drops_the_request(client, http, daemon):
+    before = wait_idle(http)
+    running = client.chat.completions.create(
+        model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    next(iter(running))  # it holds the engine now
+    with pytest.raises(httpx.TimeoutException):  # this one waits in the queue; its client gives up
+        httpx.post(
+            daemon.url + "/v1/completions", headers={"x-api-key": daemon.token},
+            json={"prompt": "Hello", "max_tokens": 4}, timeout=0.5,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while stats(http)["scheduler"]["queued"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    running.close()
+    after = wait_idle(http)
+    assert after["scheduler"]["dropped_while_queued"] == before["scheduler"]["dropped_while_queued"] + 1
+    assert after["engine"]["requests"] == before["engine"]["requests"] + 1  # the dropped one never ran
+
+
+def test_full_queue_is_429_with_retry_after(client, http, daemon):
+    before = wait_idle(http)
+    max_queue = before["scheduler"]["max_queue"]
+    running = client.chat.completions.create(
+        model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    next(iter(running))
+
+    def queued_request(i: int) -> httpx.Response:
+        body = {"prompt": f"Request {i}:", "max_tokens": 1}
+        return httpx.post(daemon.url + "/v1/completions", headers={"x-api-key": daemon.token}, json=body, timeout=120)
+
+    with ThreadPoolExecutor(max_queue) as pool:
+        waiting = []
+        for i in range(max_queue):  # one at a time, so that they queue in this order
+            waiting.append(pool.submit(queued_request, i))
+            deadline = time.monotonic() + 30
+            while len(stats(http)["scheduler"]["queued"]) < i + 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        order = stats(http)["scheduler"]["queued"]
+        response = http.post("/v1/completions", json={"prompt": "One too many", "max_tokens": 1})
+        assert_error(response, 429, code="queue_full")
+        assert int(response.headers["retry-after"]) >= 1
+        running.close()
+        results = [w.result() for w in waiting]
+    assert all(r.status_code == 200 for r in results)
+    assert [r.json()["id"] for r in results] == order  # they waited in arrival order
+    after = wait_idle(http)
+    assert after["scheduler"]["rejected"] == before["scheduler"]["rejected"] + 1
+
+
+def test_prefix_reuse_prefills_only_the_new_tokens(client, http, info):
+    first_turn = user("What is the capital of France?")
+    first = client.chat.completions.create(model="m", messages=first_turn, max_tokens=32, **GREEDY)
+    answer = first.choices[0].message.content
+    assert first.choices[0].finish_reason == "stop", answer  # ended by <|im_end|>: the cache holds it all
+
+    follow_up = first_turn + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Italy?"}]
+    prompt_1, prompt_2 = chat_prompt_ids(info, first_turn), chat_prompt_ids(info, follow_up)
+    # The cache holds the first prompt and the answer's tokens (all but <|im_end|>, never fed back).
+    shared = common_prefix(prompt_1 + info.tokenizer.encode(answer), prompt_2)
+    assert shared > len(prompt_1)
+
+    before = stats(http)["engine"]
+    second = client.chat.completions.create(model="m", messages=follow_up, max_tokens=8, **GREEDY)
+    after = stats(http)["engine"]
+
+    usage = second.usage
+    assert usage.prompt_tokens == len(prompt_2)
+    assert usage.prompt_tokens_details.cached_tokens == shared
+    assert after["cached_tokens"] - before["cached_tokens"] == shared
+    assert after["prefilled_tokens"] - before["prefilled_tokens"] == usage.prompt_tokens - shared
+    assert second.model_extra["timings"]["cached_tokens"] == shared

@@ -1,0 +1,137 @@
+"""The daemon's files and socket (server/daemon.py), without a model: token, daemon.json, binding."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lingcode.server import daemon as d
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_token_is_created_once_0600_and_reused(tmp_path):
+    path = tmp_path / "token"
+    token = d.ensure_token(path)
+    assert len(token) >= 43 and mode(path) == 0o600
+    assert d.ensure_token(path) == token
+    assert not [p for p in tmp_path.iterdir() if p != path]  # no temp files left behind
+
+
+def test_loose_token_permissions_are_tightened_and_an_empty_token_replaced(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("secret\n")
+    path.chmod(0o644)
+    assert d.ensure_token(path) == "secret"
+    assert mode(path) == 0o600
+    path.write_text("")
+    token = d.ensure_token(path)
+    assert token and path.read_text() == token and mode(path) == 0o600
+
+
+def test_daemon_file_is_removed_only_if_it_is_ours(tmp_path):
+    path = tmp_path / "daemon.json"
+    d.write_daemon_file(path, {"url": "http://127.0.0.1:1", "pid": os.getpid() + 1})
+    assert mode(path) == 0o600
+    d.remove_daemon_file(path)
+    assert path.exists()  # another daemon's: left alone
+    d.write_daemon_file(path, {"url": "http://127.0.0.1:1", "pid": os.getpid()})
+    d.remove_daemon_file(path)
+    assert not path.exists()
+    d.remove_daemon_file(path)  # already gone: fine
+
+
+def test_a_stale_daemon_file_does_not_block_a_start(tmp_path):
+    path = tmp_path / "daemon.json"
+    assert d.running_daemon(path) is None
+    path.write_text("{not json")
+    assert d.running_daemon(path) is None
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path.write_text(json.dumps({"url": f"http://127.0.0.1:{port}", "pid": os.getppid()}))
+    assert d.running_daemon(path) is None  # the process lives, but nothing answers there
+
+
+def test_a_running_daemon_is_not_started_twice(daemon, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))
+    code = d.serve(engine="local", model_path=tmp_path / "never-loaded.gguf", model_name="m", host="127.0.0.1",
+                   port=0, device="cpu", max_queue=1, log_level="warning")  # fmt: skip
+    assert code == 1
+    assert daemon.url in capsys.readouterr().err
+    assert daemon.daemon_file.exists()  # the running daemon's file is untouched
+
+
+def test_unknown_engine_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path))
+    code = d.serve(engine="sglang", model_path=tmp_path / "m.gguf", model_name="m", host="127.0.0.1",
+                   port=0, device="cpu", max_queue=1, log_level="warning")  # fmt: skip
+    assert code == 2
+
+
+def test_port_zero_binds_a_free_port_and_a_busy_port_fails():
+    sock = d.bind_socket("127.0.0.1", 0)
+    try:
+        url = d.socket_url(sock)
+        port = int(url.rsplit(":", 1)[1])
+        assert url == f"http://127.0.0.1:{port}" and port > 0
+        sock.listen()
+        with pytest.raises(OSError):
+            d.bind_socket("127.0.0.1", port).close()
+    finally:
+        sock.close()
+
+
+def test_wildcard_addresses_get_a_loopback_url():
+    sock = d.bind_socket("0.0.0.0", 0)
+    try:
+        assert d.socket_url(sock).startswith("http://127.0.0.1:")
+    finally:
+        sock.close()
+    assert d.is_loopback("127.0.0.1") and d.is_loopback("::1") and d.is_loopback("localhost")
+    assert not d.is_loopback("0.0.0.0") and not d.is_loopback("192.168.1.2")
+
+
+def test_ctrl_c_mid_stream_aborts_it_cleanly_and_exits_0(model_path, tmp_path):
+    """A second daemon of its own: Ctrl+C while a long stream runs (the session daemon covers SIGTERM)."""
+    env = {**os.environ, "LINGCODE_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
+               "--device", "cpu", "--log-level", "warning"]  # fmt: skip
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        daemon_file = tmp_path / "state" / "daemon.json"
+        deadline = time.monotonic() + 120
+        while not daemon_file.exists():
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        record = json.loads(daemon_file.read_text())
+        headers = {"x-api-key": Path(record["token_file"]).read_text()}
+        body = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", record["url"] + "/v1/completions", headers=headers, json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            process.send_signal(signal.SIGINT)
+            events = [line.removeprefix("data: ") for line in lines if line]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+        assert process.wait(timeout=30) == 0, log_path.read_text()
+        assert not daemon_file.exists()
+        assert "Traceback" not in log_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
