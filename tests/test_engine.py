@@ -161,3 +161,32 @@ async def test_context_overflow_is_an_error_not_a_truncation(engine):
     with pytest.raises(ContextOverflow):
         await collect(scheduler, engine, "big", [1] * 8192, SamplingParams(max_tokens=1))
     assert scheduler.stats()["running"] is None
+
+
+class DigitsThenStop:
+    """A tiny real constraint: exactly three digit tokens, then the generation ends."""
+
+    def __init__(self, tokenizer, eos_id: int):
+        self.allowed = [tokenizer.token_to_id(d) for d in "0123456789"]
+        self.eos_id, self.count = eos_id, 0
+
+    def mask_logits(self, logits):
+        keep = logits.new_full(logits.shape, float("-inf"))
+        allowed = self.allowed if self.count < 3 else [self.eos_id]
+        keep[allowed] = 0.0
+        logits += keep
+
+    def accept(self, token_id):
+        self.count += 1
+
+    def is_terminated(self):
+        return self.count > 3
+
+
+async def test_token_constraint_is_applied_every_step(engine):
+    scheduler = Scheduler(engine)
+    ids = chat_ids(engine, "Write a haiku about the sea.")
+    constraint = DigitsThenStop(engine.info.tokenizer, eos_id=2)
+    text, last = await collect(scheduler, engine, "digits", ids, SamplingParams(max_tokens=20, constraint=constraint, **GREEDY))
+    assert len(text) == 3 and text.isdigit()
+    assert last.finish_reason == "stop" and last.usage.completion_tokens == 4

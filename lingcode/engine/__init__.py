@@ -11,11 +11,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from lingcode.tokenizer import Tokenizer
 
 
 class EngineError(RuntimeError):
     """The engine failed while serving a request; the request ends, the engine stays usable."""
+
+
+class EngineStartError(RuntimeError):
+    """The engine cannot start here (no GPU, a missing model, a bad profile): str() is one line
+    that says what to do, printed without a traceback."""
 
 
 class EngineUnavailable(EngineError):
@@ -24,6 +31,22 @@ class EngineUnavailable(EngineError):
 
 class ContextOverflow(ValueError):
     """The request does not fit the model's context (never truncated silently)."""
+
+
+class TokenConstraint(Protocol):
+    """Constrained decoding (e.g. an xgrammar matcher for a JSON schema), applied by the engine.
+
+    Before each sampled token the engine calls mask_logits() (disallowed tokens to -inf, in place);
+    after it, accept(). is_terminated() ends the generation with finish_reason "stop". An engine
+    decodes one token per step while a constraint is active (no speculation: drafts would have to
+    be rolled back in the grammar too).
+    """
+
+    def mask_logits(self, logits: "torch.Tensor") -> None: ...
+
+    def accept(self, token_id: int) -> None: ...
+
+    def is_terminated(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -35,6 +58,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # end the generation, besides the model's eos ids
     ignore_eos: bool = False
+    constraint: TokenConstraint | None = field(default=None, compare=False)  # stateful: one per request
 
     @property
     def greedy(self) -> bool:

@@ -168,9 +168,13 @@ class LocalEngine:
             if req.aborted.is_set():
                 finish = "abort"
                 break
+            if params.constraint is not None:
+                params.constraint.mask_logits(logits)
             token = int(sample(logits, params, generator))  # one host read per step (issue 7 removes it)
             generated.append(token)
-            if token in stop_ids:
+            if params.constraint is not None:
+                params.constraint.accept(token)
+            if token in stop_ids or (params.constraint is not None and params.constraint.is_terminated()):
                 finish = "stop"
             elif len(generated) >= max_new:
                 finish = "length"
