@@ -91,6 +91,10 @@ class LocalEngine:
         self.draft_length = DraftLength()
         self.info.extra["speculation"] = speculation
 
+    def reset_cache(self) -> None:
+        """Forget the cached prefix (benchmarks: every variant starts from a cold cache)."""
+        self._cached_ids.clear()
+
     # --- the Engine interface -----------------------------------------------------------------
 
     async def generate(

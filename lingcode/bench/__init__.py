@@ -1,0 +1,1 @@
+"""Benchmarks: `lingcode bench` (decode speed) and the per-feature benches (lsp, agent, soak)."""
