@@ -31,9 +31,12 @@ class GraphRunner:
         self.tokens = torch.zeros(1, max(self.widths), dtype=torch.long, device=device)
         self.positions = torch.zeros(max(self.widths), dtype=torch.long, device=device)
         self.staging = torch.zeros(max(self.widths), dtype=torch.long).pin_memory()  # host side of tokens
+        self.readback = torch.zeros(2, dtype=torch.long).pin_memory()  # the pipelined loop's token slots
+        self.ready = (torch.cuda.Event(), torch.cuda.Event())
         step = model.forward_static
         if compile:  # fuses the small elementwise kernels (norms, RoPE, SiLU) between the matmuls
-            step = torch.compile(step, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
+            # dynamic: one compiled kernel set serves every width and cache bucket (no recompiles)
+            step = torch.compile(step, fullgraph=True, dynamic=True)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()

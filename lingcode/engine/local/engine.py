@@ -234,6 +234,8 @@ class LocalEngine:
             if drafter is not None:
                 drafter.extend(new)
                 draft, draft_probs = drafter.propose(self.draft_length.k)
+                if self.graphs is not None:  # stay within the captured verify widths
+                    draft = draft[: self.graphs.widths[-1] - 1]
             draft = draft[: max_new - len(generated)]
             if draft:
                 logits = self._forward([generated[-1], *draft], pos, all_logits=True)
@@ -278,8 +280,7 @@ class LocalEngine:
         """
         params, n_prompt = req.params, len(req.input_ids)
         runner = self.graphs
-        host = torch.empty(2, dtype=torch.long, pin_memory=True)
-        ready = (torch.cuda.Event(), torch.cuda.Event())
+        host, ready = runner.readback, runner.ready  # allocated once: pinned allocations are slow
         token = sample(logits, params, generator).view(1)
         host[0:1].copy_(token, non_blocking=True)
         ready[0].record()
