@@ -16,25 +16,49 @@ import sys
 from pathlib import Path
 
 from lingcode import __version__, models, paths
+from lingcode.engine import EngineStartError
 
 EXIT_USAGE = 2
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Resolve the model (pulling the default one if it is missing), then hand over to the daemon."""
-    model_path = models.ensure(args.model)
+    sglang = {}
+    if args.engine == "sglang":  # the model is a directory SGLang loads (default: the profile's)
+        model_path, model_name = args.model, None
+        sglang = {"engine_url": args.engine_url, "profile": args.profile}
+    elif args.engine_url or args.profile:
+        print("lingcode: --engine-url and --profile go with --engine sglang", file=sys.stderr)
+        return EXIT_USAGE
+    else:
+        model_path = models.ensure(args.model)
+        model_name = models.model_name(model_path)
     from lingcode.server.daemon import serve
 
     return serve(
         engine=args.engine,
         model_path=model_path,
-        model_name=models.model_name(model_path),
+        model_name=model_name,
         host=args.host,
         port=args.port,
         device=args.device,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        **sglang,
     )
+
+
+def cmd_sglang_args(args: argparse.Namespace) -> int:
+    """The resolved SGLang launch: profile + config.toml. JSON: {"argv": [...], "env": {...}}."""
+    from lingcode.sglang.profiles import resolve
+
+    profile = resolve(args.profile)
+    if args.json:
+        print(json.dumps({"argv": profile.argv, "env": profile.env}, indent=2))
+    else:
+        print(f"# {profile.name}: {profile.description}")
+        print(profile.shell())
+    return 0
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -98,6 +122,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("default model", f"{entry.name}: pulled, sha256 ok ({entry.path})")
 
     line("daemon", _daemon_status())
+
+    # The SGLang engine: informational (serve's default engine is the local one), exit code unchanged.
+    from rich.console import Console
+
+    from lingcode.sglang import doctor as sglang_doctor
+
+    sglang_doctor.print_report(Console(width=None if sys.stdout.isatty() else 200), args.profile)
     return 0 if ok else 1
 
 
@@ -157,11 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the daemon in the foreground",
         description="Run the daemon: an OpenAI-compatible HTTP API on loopback, guarded by a token.",
     )
-    serve.add_argument("--engine", choices=["local"], default="local",
-                       help="inference engine: 'local' is the embedded torch engine (default: local)")
+    serve.add_argument("--engine", choices=["local", "sglang"], default="local",
+                       help="inference engine: 'local' is the embedded torch engine; 'sglang' launches "
+                            "(or attaches to) SGLang with an SGLang profile, e.g. Ling-3.0-flash + DSpark "
+                            "on 4 GPUs (default: local)")
     serve.add_argument("--model", metavar="M", default=None,
                        help="catalog name, path to a .gguf file, or Hugging Face model directory "
                             f"(default: {models.DEFAULT_MODEL}, pulled if missing)")
+    serve.add_argument("--profile", metavar="P", default=None,
+                       help="--engine sglang: launch profile name or TOML file (default: [sglang] profile in "
+                            "config.toml, else ling-3.0-flash-dspark; `lingcode sglang-args` shows it)")
+    serve.add_argument("--engine-url", metavar="URL", default=None,
+                       help="--engine sglang: attach to an SGLang server already running at URL instead of "
+                            "launching one (off this machine it needs LINGCODE_SGLANG_API_KEY)")
     serve.add_argument("--host", metavar="H", default="127.0.0.1",
                        help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", metavar="N", type=_port, default=8377,
@@ -187,16 +226,45 @@ def build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=cmd_models)
 
     doctor = sub.add_parser("doctor", help="print versions, devices, directories and daemon state",
-                            description="Print what a bug report needs; exit 1 if serve would not work.")
+                            description="Print what a bug report needs; exit 1 if serve would not work. "
+                                        "Also tables every switch of the SGLang profile and the GPU environment.")
+    doctor.add_argument("--profile", metavar="P", default=None, help="the SGLang profile to check (default: the active one)")
     doctor.set_defaults(func=cmd_doctor)
+
+    sglang_args = sub.add_parser(
+        "sglang-args", help="print the SGLang launch command of a profile",
+        description="Print `python -m sglang.launch_server` with the resolved profile's flags and environment "
+                    "(the profile, then [sglang] in config.toml).",
+    )
+    sglang_args.add_argument("--profile", metavar="P", default=None,
+                             help="profile name or TOML file (default: the active one)")
+    sglang_args.add_argument("--json", action="store_true", help='print {"argv": [...], "env": {...}}')
+    sglang_args.set_defaults(func=cmd_sglang_args)
+
+    from lingcode.bench.decode import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser(
+        "bench", help="measure batch-1 decode speed (TTFT, TPOT, tok/s, accepted tokens per step)",
+        description="Run named workloads at concurrency 1; speculation modes and peers side by side, alternating "
+                    "request by request. Writes JSON, Markdown and a PNG plot with --out.",
+    )  # fmt: skip
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from lingcode.bench import decode
+
+    args.argv = sys.argv[2:]
+    return decode.run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (models.ModelNotFound, models.PullError) as e:
+    except (models.ModelNotFound, models.PullError, EngineStartError) as e:
         print(f"lingcode: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
