@@ -88,23 +88,24 @@ WORKLOADS = ("random", "chat", "completion", "code-edit")
 # --- runners ------------------------------------------------------------------------------------
 
 
-class LocalRunner:
-    """The embedded engine with one speculation mode; the KV cache is reset before each request."""
+class EngineRunner:
+    """A lingcode engine through its Engine interface. The embedded engine runs one speculation
+    mode per runner from a cold KV cache; an SGLang engine runs as its profile configured it."""
 
-    def __init__(self, engine, speculation: str):
-        self.engine, self.speculation = engine, speculation
-        self.name = f"lingcode-{speculation}"
+    def __init__(self, engine, name: str, speculation: str | None = None):
+        self.engine, self.name, self.speculation = engine, name, speculation
 
     def run(self, request: Request) -> tuple[float, float | None, int, float | None]:
-        self.engine.set_speculation(self.speculation)
-        self.engine.reset_cache()
+        if self.speculation is not None:
+            self.engine.set_speculation(self.speculation)
+            self.engine.reset_cache()
         params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=request.ignore_eos)
 
         async def go():
             start = time.perf_counter()
             first = last = None
             tokens = 0
-            async for chunk in self.engine.generate("bench", request.input_ids, params):
+            async for chunk in self.engine.generate(f"bench-{time.monotonic_ns()}", request.input_ids, params):
                 now = time.perf_counter()
                 if chunk.token_ids:
                     first = first or now
@@ -113,7 +114,9 @@ class LocalRunner:
             return start, first, last, tokens
 
         start, first, last, tokens = asyncio.run(go())
-        accept = self.engine.stats()["last_request"].get("accept_length") if self.speculation != "off" else None
+        accept = self.engine.stats().get("last_request", {}).get("accept_length")
+        if self.speculation == "off":
+            accept = None
         tpot = (last - first) * 1e3 / (tokens - 1) if tokens > 1 else None
         return (first - start) * 1e3, tpot, tokens, accept
 
@@ -286,25 +289,24 @@ def run(args) -> int:
     from lingcode.engine.local.engine import pick_device
     from lingcode.engine.local.weights import load_checkpoint
 
-    if args.engine != "local":
-        print("lingcode bench: only --engine local runs here; the SGLang engine needs its GPU workstation")
-        return 2
+    if args.engine == "sglang":  # the production engine: launch (or attach to) SGLang as serve does
+        from lingcode.sglang.engine import open_engine
+
+        started = time.perf_counter()
+        engine = open_engine(args.model, engine_url=args.engine_url, profile=args.profile)
+        report = Report(command="lingcode bench " + " ".join(args.argv), hardware="SGLang: " + engine.info.name)
+        report.load_s["sglang"] = round(time.perf_counter() - started, 2)
+        return _measure(args, report, engine.info, [EngineRunner(engine, f"sglang-{args.profile or 'default'}")])
     model_path = models.ensure(args.model) if args.model is None or not Path(args.model).exists() else Path(args.model)
     device = pick_device(args.device)
     report = Report(command="lingcode bench " + " ".join(args.argv), hardware=hardware(device))
-    report.commit = os.environ.get("LINGCODE_COMMIT", "")
-    try:
-        report.commit = report.commit or subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                       capture_output=True, text=True).stdout.strip()  # fmt: skip
-    except OSError:
-        pass
     started = time.perf_counter()
     engine = load_engine(model_path, device=args.device, compile=args.compile)
     report.load_s["lingcode"] = round(time.perf_counter() - started, 2)
     if engine.graphs is not None:
         report.load_s["cuda_graph_capture"] = round(engine.graphs.capture_s, 2)
     info = engine.info
-    runners = [LocalRunner(engine, s) for s in args.speculation.split(",") if s]
+    runners = [EngineRunner(engine, f"lingcode-{s}", s) for s in args.speculation.split(",") if s]
     for peer in [p for p in args.peers.split(",") if p]:
         started = time.perf_counter()
         if peer in ("transformers-eager", "transformers-static"):
@@ -314,7 +316,21 @@ def run(args) -> int:
         else:
             raise SystemExit(f"lingcode bench: unknown peer {peer!r}")
         report.load_s[peer] = round(time.perf_counter() - started, 2)
+    return _measure(args, report, info, runners)
 
+
+def _commit() -> str:
+    if os.environ.get("LINGCODE_COMMIT"):  # a copy of the tree without .git (the GPU machine)
+        return os.environ["LINGCODE_COMMIT"]
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return done.stdout.strip()
+    except OSError:
+        return ""
+
+
+def _measure(args, report: Report, info, runners: list) -> int:
+    report.commit = _commit()
     results: list[Result] = []
     workloads = [w for w in args.workload.split(",") if w]
     plan = [(w, r) for w in workloads
@@ -347,7 +363,10 @@ def run(args) -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--engine", choices=["local", "sglang"], default="local", help="engine to measure")
+    parser.add_argument("--engine", choices=["local", "sglang"], default="local",
+                        help="engine to measure: the embedded one, or SGLang with --profile / --engine-url")  # fmt: skip
+    parser.add_argument("--profile", help="SGLang launch profile (--engine sglang)")
+    parser.add_argument("--engine-url", help="attach to a running SGLang server (--engine sglang)")
     parser.add_argument("--model", help="model (catalog name, GGUF file or HF directory); default: the default model")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device for the local engine")
     parser.add_argument("--workload", default="chat,code-edit", help=f"comma-separated: {', '.join(WORKLOADS)}")
