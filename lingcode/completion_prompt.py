@@ -149,7 +149,8 @@ def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = B
     if family.fim:
         suffix_ids = _suffix_head(tok, request.suffix, budgets.suffix_tokens)
         fim = family.fim
-        ids += tok.encode(fim["prefix"]) + prefix_ids + tok.encode(fim["suffix"]) + suffix_ids + tok.encode(fim["middle"])
+        ids += tok.encode(fim["prefix"]) + prefix_ids + tok.encode(fim["suffix"]) + suffix_ids
+        ids += tok.encode(fim["middle"])
     else:
         ids += prefix_ids
     return CompletionPrompt(

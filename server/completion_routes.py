@@ -90,7 +90,7 @@ class CompletionRoutes:
     async def complete(self, request: Request) -> Response:
         body = parse(CompleteRequest, await read_json(request, self.max_body_bytes))
         prompt = self._prompt(body)
-        params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+        params = SamplingParams(body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed)
         cut = CutRules(body.prefix, body.suffix, multiline=body.multiline, time_budget_ms=body.time_budget_ms)
         request_id = f"lccmpl-{uuid.uuid4().hex}"
         latest_wins = f"complete:{body.document}" if body.document else None

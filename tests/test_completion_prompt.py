@@ -29,7 +29,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def test_smollm2_gets_the_repository_layout_it_was_trained_on(info):
     assert family_for(info).name == "smollm2" and family_for(info).fim is None
-    prompt = build_prompt(info, CompletionInput(prefix="import os\n", suffix="x = 1\n", path="app/main.py", repo="demo"))
+    request = CompletionInput(prefix="import os\n", suffix="x = 1\n", path="app/main.py", repo="demo")
+    prompt = build_prompt(info, request)
     tok = info.tokenizer
     assert prompt.input_ids == tok.encode("<repo_name>demo<file_sep>app/main.py\n") + tok.encode_text("import os\n")
     assert not prompt.fim and prompt.suffix_tokens == 0  # no FIM tokens: the suffix only feeds the cut rules
@@ -47,7 +48,8 @@ def test_the_prefix_fits_its_budget_from_a_stride_aligned_line(info):
     assert 0 < prompt.prefix_tokens <= 300
     assert prompt.prefix_start_line > 0 and prompt.prefix_start_line % LINE_STRIDE == 0
     lines = SOURCE.splitlines(keepends=True)
-    assert prompt.input_ids[-prompt.prefix_tokens :] == info.tokenizer.encode_text("".join(lines[prompt.prefix_start_line :]))
+    kept = "".join(lines[prompt.prefix_start_line :])
+    assert prompt.input_ids[-prompt.prefix_tokens :] == info.tokenizer.encode_text(kept)
     # One stride earlier would not have fitted.
     earlier = info.tokenizer.encode_text("".join(lines[prompt.prefix_start_line - LINE_STRIDE :]))
     assert len(earlier) > 300
@@ -64,8 +66,10 @@ def test_typing_changes_only_the_prompts_tail(info):
 
 
 def test_context_chunks_come_first_within_their_budget(info):
-    chunks = (Chunk("util.py", "def helper():\n    return 42\n"), Chunk("big.py", "x = 1\n" * 400), Chunk("b.py", "y = 2"))
-    prompt = build_prompt(info, CompletionInput(prefix="import util\n", path="main.py", context=chunks), Budgets(context_tokens=100))
+    chunks = (Chunk("util.py", "def helper():\n    return 42\n"), Chunk("big.py", "x = 1\n" * 400),
+              Chunk("b.py", "y = 2"))  # fmt: skip
+    request = CompletionInput(prefix="import util\n", path="main.py", context=chunks)
+    prompt = build_prompt(info, request, Budgets(context_tokens=100))
     assert prompt.context_chunks == 2  # big.py is over the budget and left out, not cut
     tok = info.tokenizer
     expected = (tok.encode("<file_sep>util.py\n") + tok.encode_text(chunks[0].text)

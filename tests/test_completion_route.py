@@ -23,8 +23,9 @@ COUNTING = {"prefix": "NUMBERS = [\n    1,\n    2,\n    3,\n    ", "path": "numb
 
 @pytest.fixture
 async def api(daemon):
-    async with httpx.AsyncClient(base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=120) as c:
-        yield c
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    async with httpx.AsyncClient(base_url=daemon.url, headers=headers, timeout=120) as client:
+        yield client
 
 
 async def stats(api) -> dict:

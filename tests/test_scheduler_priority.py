@@ -92,8 +92,9 @@ async def test_latest_wins_cancels_the_previous_completion_for_the_same_key(engi
     first = asyncio.create_task(run(scheduler, engine, "first", code_ids(engine), long, log,
                                     priority=Priority.COMPLETION, latest_wins="doc-a"))  # fmt: skip
     await until(lambda: "first:token" in log, "the first completion to stream")
-    other = asyncio.create_task(run(scheduler, engine, "other", code_ids(engine), SamplingParams(max_tokens=2, **GREEDY),
-                                    log, priority=Priority.COMPLETION, latest_wins="doc-b"))  # fmt: skip
+    short = SamplingParams(max_tokens=2, **GREEDY)
+    other = asyncio.create_task(run(scheduler, engine, "other", code_ids(engine), short, log,
+                                    priority=Priority.COMPLETION, latest_wins="doc-b"))  # fmt: skip
     await asyncio.sleep(0)
     second = await run(scheduler, engine, "second", code_ids(engine), SamplingParams(max_tokens=2, **GREEDY), log,
                        priority=Priority.COMPLETION, latest_wins="doc-a")  # fmt: skip
