@@ -20,7 +20,7 @@ from __future__ import annotations
 import string
 import tomllib
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from lingcode.engine import ModelInfo
@@ -175,7 +175,7 @@ def _prefix_tail(tok, prefix: str, budget: int) -> tuple[list[int], int]:
 
     def ids_from(i: int) -> list[int]:
         if i not in encoded:
-            encoded[i] = tok.encode_text("".join(lines[starts[i] :]))
+            encoded[i] = _encode_window(tok, "".join(lines[starts[i] :]))
         return encoded[i]
 
     if starts:
@@ -194,6 +194,24 @@ def _prefix_tail(tok, prefix: str, budget: int) -> tuple[list[int], int]:
             return ids_from(i), starts[i]
     # Even the last stride is over budget (very long lines): keep the tokens nearest the cursor.
     return tok.encode_text(prefix[-limit:])[-budget:], len(lines) - 1
+
+
+def _encode_window(tok, window: str) -> list[int]:
+    """The window's ids: everything before the cursor line's newline, then that line.
+
+    While someone types, only the cursor line changes, so the part before it is looked up, not
+    tokenized again. Splitting before a newline keeps the tokens the same as one encode of the
+    whole window would give (pre-tokenization splits there), unless a line ends in spaces.
+    """
+    split = window.rfind("\n", 0, len(window) - 1)
+    if split <= 0:
+        return tok.encode_text(window)
+    return _encode_cached(tok, window[:split]) + tok.encode_text(window[split:])
+
+
+@lru_cache(maxsize=64)
+def _encode_cached(tok, text: str) -> list[int]:
+    return tok.encode_text(text)
 
 
 def _suffix_head(tok, suffix: str, budget: int) -> list[int]:
