@@ -94,7 +94,11 @@ class Scheduler:
                         generated += chunk.token_ids
                         finished = chunk.finish_reason not in (None, "abort")
                         # Usage describes the request as its client sent it, however many segments ran.
-                        yield dataclasses.replace(chunk, prompt_tokens=len(input_ids), cached_tokens=cached)
+                        try:
+                            yield dataclasses.replace(chunk, prompt_tokens=len(input_ids), cached_tokens=cached)
+                        except GeneratorExit:  # the consumer is done with it (a cut, a stop string, a disconnect):
+                            self._forget(latest_wins, request_id)  # what comes next does not supersede it
+                            raise
                         if chunk.finish_reason is not None:
                             return
                 if request_id not in self._preempting:  # cancelled while it was yielding the slot
@@ -112,8 +116,7 @@ class Scheduler:
                 self._counters["resumed"] += 1
         finally:
             self._preempting.discard(request_id)
-            if latest_wins is not None and self._latest.get(latest_wins) == request_id:
-                del self._latest[latest_wins]
+            self._forget(latest_wins, request_id)
             self._counters["completed" if finished else "aborted"] += 1
             if holding:
                 self._release()
@@ -151,6 +154,10 @@ class Scheduler:
 
     def _queued(self) -> int:
         return sum(len(queue) for queue in self._waiting.values())
+
+    def _forget(self, key: str | None, request_id: str) -> None:
+        if key is not None and self._latest.get(key) == request_id:
+            del self._latest[key]
 
     async def _supersede(self, key: str, request_id: str) -> None:
         previous = self._latest.get(key)

@@ -160,6 +160,7 @@ class Completer:
                 text += event.get("text", "")
                 if event.get("finish_reason") is not None:
                     final = event
+                    break  # the answer is complete; [DONE] adds nothing
         return text, final
 
     def _body(self, cursor: Cursor) -> dict:
