@@ -16,6 +16,7 @@ completion is in flight.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from contextlib import aclosing
@@ -30,6 +31,7 @@ from lingcode.lsp.stats import CompletionStats
 from lingcode.lsp.typed_ahead import TypedAheadCache
 
 ROUTE = "/v1/lingcode/complete"
+log = logging.getLogger("lingcode.lsp")
 PREFIX_ALIGN = 64  # the prefix sent starts at a multiple of this line: the prompt's start stays put
 
 
@@ -131,7 +133,12 @@ class Completer:
             self.stats.errors += 1
             self.log(f"lingcode: completion failed: {exc}")
             if isinstance(exc, CONNECTION_ERRORS):
-                await self.link.reset()
+                await self.link.reset()  # the daemon went away: the next request finds or starts one
+            return None
+        except Exception as exc:  # a bug: the editor gets no suggestion and a log line, not a traceback
+            self.stats.errors += 1
+            log.exception("completion failed")
+            self.log(f"lingcode: completion failed: {type(exc).__name__}: {exc} (details on stderr)")
             return None
         finally:
             if self._inflight.get(cursor.uri) is call:

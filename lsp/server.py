@@ -46,10 +46,18 @@ class LingcodeServer(LanguageServer):
     def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
         self.window_log_message(types.LogMessageParams(type=kind, message=message))
 
-    def cursor(self, uri: str, position: types.Position, selected: types.SelectedCompletionInfo | None) -> Cursor:
-        """The document as it is now, with the cursor (and a selected popup item typed in)."""
+    def cursor(
+        self, uri: str, position: types.Position, selected: types.SelectedCompletionInfo | None
+    ) -> Cursor | None:
+        """The document as it is now, with the cursor (and a selected popup item typed in); None if
+        the document is neither open nor readable."""
         doc = self.workspace.get_text_document(uri)
-        text, offset = doc.source, doc.offset_at_position(position)
+        try:
+            text = doc.source  # an unopened document is read from disk
+        except (OSError, UnicodeDecodeError) as exc:
+            self.log(f"lingcode: cannot complete in {uri}: {exc}", types.MessageType.Warning)
+            return None
+        offset = doc.offset_at_position(position)
         line = doc.position_from_client_units(position).line
         if selected is not None:  # complete as if the selected completion item were typed
             start, end = doc.offset_at_position(selected.range.start), doc.offset_at_position(selected.range.end)
@@ -155,7 +163,8 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
     async def inline_completion(ls: LingcodeServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
         uri, selected = params.text_document.uri, params.context.selected_completion_info
         ls.took_focus(uri)
-        text = await ls.completer.complete(ls.cursor(uri, params.position, selected))
+        cursor = ls.cursor(uri, params.position, selected)
+        text = await ls.completer.complete(cursor) if cursor is not None else None
         if not text:
             return types.InlineCompletionList(items=[])
         if selected is not None:  # the item must extend the selected popup item's text
@@ -169,7 +178,7 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
         uri = params.text_document.uri
         ls.took_focus(uri)
         cursor = ls.cursor(uri, params.position, None)
-        text = await ls.completer.complete(cursor)
+        text = await ls.completer.complete(cursor) if cursor is not None else None
         # Incomplete: the editor asks again as the user types (the typed-ahead cache answers).
         if not text:
             return types.CompletionList(is_incomplete=True, items=[])

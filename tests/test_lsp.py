@@ -144,6 +144,12 @@ async def test_a_completion_item_holds_the_same_suggestion(lsp):
     assert item.text_edit.range.end == MID_LINE
 
 
+async def test_a_document_neither_open_nor_on_disk_gets_no_suggestion_and_no_error(lsp):
+    uri = (ROOT / "never-opened.py").as_uri()
+    assert await suggestions(lsp, uri, types.Position(0, 0)) == []
+    assert any("cannot complete" in m.message for m in lsp.log_messages)
+
+
 # --- latency design ---------------------------------------------------------------------------
 
 
