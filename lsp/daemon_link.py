@@ -10,12 +10,15 @@ detached: it outlives the editor, and the next editor finds it through daemon.js
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
 from lingcode.client import Client, Daemon, DaemonError, ensure_daemon, is_healthy, read_daemon_file
+
+RETRY_AFTER_S = 10.0
 
 
 @dataclass
@@ -33,12 +36,22 @@ class DaemonLink:
         self.auto_start = auto_start
         self.progress = progress
         self._ready: asyncio.Future[Client] | None = None
+        self._attempted_at = 0.0
         self.daemon: Daemon | None = None
 
     def connect(self) -> None:
-        """Start connecting in the background (again, if the last attempt failed or was reset)."""
-        if self._ready is None or (self._ready.done() and (self._ready.cancelled() or self._ready.exception())):
+        """Start connecting in the background (again, if the last attempt failed or was reset).
+
+        A failed attempt is not retried for RETRY_AFTER_S: until then requests get its error at
+        once, instead of each keystroke starting a daemon that cannot start.
+        """
+        ready = self._ready
+        failed = ready is not None and ready.done() and (ready.cancelled() or ready.exception() is not None)
+        if ready is None or (failed and time.monotonic() - self._attempted_at > RETRY_AFTER_S):
+            self._attempted_at = time.monotonic()
             self._ready = asyncio.ensure_future(self._connect())
+            # Retrieved here, so that a failure nobody awaited yet is not reported as unhandled.
+            self._ready.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     async def client(self) -> Client:
         self.connect()

@@ -144,6 +144,17 @@ async def test_a_completion_item_holds_the_same_suggestion(lsp):
     assert item.text_edit.range.end == MID_LINE
 
 
+async def test_with_a_popup_item_selected_the_suggestion_extends_it(lsp):
+    uri = open_document(lsp, PYTHON)
+    selected = types.SelectedCompletionInfo(range=types.Range(MID_LINE, MID_LINE), text="name")
+    context = types.InlineCompletionContext(types.InlineCompletionTriggerKind.Automatic, selected)
+    result = await lsp.text_document_inline_completion_async(
+        types.InlineCompletionParams(context, types.TextDocumentIdentifier(uri), MID_LINE))
+    assert len(result.items) == 1
+    item = result.items[0]
+    assert item.insert_text.startswith("name") and item.range == selected.range
+
+
 async def test_a_document_neither_open_nor_on_disk_gets_no_suggestion_and_no_error(lsp):
     uri = (ROOT / "never-opened.py").as_uri()
     assert await suggestions(lsp, uri, types.Position(0, 0)) == []
