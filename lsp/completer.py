@@ -2,6 +2,7 @@
 
 One Completer serves the whole LSP session. For each request:
 1. the typed-ahead cache answers if the user is typing along a suggestion (no engine call);
+   a second request for the same keystroke (ghost text and the popup) joins the running call;
 2. otherwise a request still running for the same document is cancelled (latest wins): its HTTP
    stream closes and the daemon aborts it in the engine within a step. The daemon is also told the
    document, so it cancels the old one even before that close arrives;
@@ -96,6 +97,12 @@ class Cursor:
         return self.text[self.offset :]
 
 
+@dataclass(frozen=True)
+class _Call:
+    place: tuple[str, int]  # the document's text and the cursor it was asked for
+    task: asyncio.Task
+
+
 class Completer:
     def __init__(self, link: DaemonLink, settings: Settings, log: Callable[[str], None]):
         self.link = link
@@ -104,7 +111,7 @@ class Completer:
         self.cache = TypedAheadCache()
         self.ring = ContextRing()
         self.stats = CompletionStats()
-        self._inflight: dict[str, asyncio.Task] = {}
+        self._inflight: dict[str, _Call] = {}  # per document: the engine call running for it
 
     async def complete(self, cursor: Cursor) -> str | None:
         """The suggestion at the cursor ("" or None: nothing to show)."""
@@ -116,13 +123,19 @@ class Completer:
             self.stats.cache_hit(ms)
             self.log(f"lingcode: typed-ahead hit in {ms:.2f} ms, no engine call")
             return cached
-        previous = self._inflight.pop(cursor.uri, None)
-        if previous is not None:
-            previous.cancel()  # latest wins
-        call = asyncio.ensure_future(self._ask_daemon(cursor))
-        self._inflight[cursor.uri] = call
+        place = (cursor.text, cursor.offset)
+        running = self._inflight.get(cursor.uri)
+        shared = running is not None and running.place == place
+        if shared:  # the same keystroke asked twice (ghost text and the popup): one engine call
+            call = running.task
+            self.stats.shared += 1
+        else:
+            if running is not None:
+                running.task.cancel()  # latest wins
+            call = asyncio.ensure_future(self._ask_daemon(cursor))
+            self._inflight[cursor.uri] = _Call(place, call)
         try:
-            text, final = await call
+            text, final = await (asyncio.shield(call) if shared else call)
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # $/cancelRequest: the editor gets -32800
                 self.stats.cancelled += 1
@@ -141,12 +154,15 @@ class Completer:
             self.log(f"lingcode: completion failed: {type(exc).__name__}: {exc} (details on stderr)")
             return None
         finally:
-            if self._inflight.get(cursor.uri) is call:
+            current = self._inflight.get(cursor.uri)
+            if current is not None and current.task is call and call.done():
                 del self._inflight[cursor.uri]
         ms = (time.perf_counter() - started) * 1e3
         if final.get("finish_reason") == "abort":  # the daemon cancelled it for a newer one
             self.stats.superseded += 1
             return None
+        if shared:
+            return text
         self.stats.engine_answer(ms, final)
         self.cache.put(cursor.prefix, cursor.suffix, text)
         self.stats.empty += not text
@@ -187,7 +203,7 @@ class Completer:
 
     async def close(self) -> None:
         for call in self._inflight.values():
-            call.cancel()
+            call.task.cancel()
         await self.link.close()
 
 

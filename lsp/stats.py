@@ -23,6 +23,7 @@ class CompletionStats:
     empty: int = 0  # answered with no suggestion
     cancelled: int = 0  # $/cancelRequest
     superseded: int = 0  # a newer request for the same document came
+    shared: int = 0  # asked again for the same keystroke while its engine call ran: joined it
     errors: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt tokens, reused from the engine's KV cache
@@ -53,7 +54,8 @@ class CompletionStats:
         engine, cache = list(self._engine_ms), list(self._cache_ms)
         return {
             "requests": self.requests, "cache_hits": self.cache_hits, "engine_calls": self.engine_calls,
-            "empty": self.empty, "cancelled": self.cancelled, "superseded": self.superseded, "errors": self.errors,
+            "empty": self.empty, "cancelled": self.cancelled, "superseded": self.superseded, "shared": self.shared,
+            "errors": self.errors,
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "prefilled_tokens": self.prompt_tokens - self.cached_tokens,
             "engine_ms": {"p50": percentile(engine, 0.5), "p95": percentile(engine, 0.95), "n": len(engine)},

@@ -155,6 +155,17 @@ async def test_with_a_popup_item_selected_the_suggestion_extends_it(lsp):
     assert item.insert_text.startswith("name") and item.range == selected.range
 
 
+async def test_ghost_text_and_popup_for_the_same_keystroke_share_one_engine_call(lsp):
+    uri = open_document(lsp, PYTHON)
+    before = await lsp_stats(lsp)
+    popup = lsp.text_document_completion_async(types.CompletionParams(types.TextDocumentIdentifier(uri), MID_LINE))
+    [inline], completion = await asyncio.gather(suggestions(lsp, uri, MID_LINE), popup)
+    assert completion.items[0].text_edit.new_text == inline
+    after = await lsp_stats(lsp)
+    assert after.engine_calls == before.engine_calls + 1 and after.shared == before.shared + 1
+    assert after.superseded == before.superseded
+
+
 async def test_a_document_neither_open_nor_on_disk_gets_no_suggestion_and_no_error(lsp):
     uri = (ROOT / "never-opened.py").as_uri()
     assert await suggestions(lsp, uri, types.Position(0, 0)) == []
