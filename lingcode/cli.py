@@ -239,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_lsp.add_argument("--time-budget-ms", type=float, default=None, help="the LSP's timeBudgetMs setting")
     bench_lsp.add_argument("--model", default=None, help="model for a daemon the LSP starts")
     bench_lsp.add_argument("--device", default=None, help="device for a daemon the LSP starts")
+    bench_lsp.add_argument("--port", type=_port, default=None, help="port for a daemon the LSP starts (0: any free)")
     bench_lsp.add_argument("--out", type=Path, default=None, metavar="DIR",
                            help="write the table (.md) and every keystroke (.json) under DIR, e.g. bench/results")
     bench_lsp.set_defaults(func=cmd_bench)

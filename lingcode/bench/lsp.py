@@ -66,7 +66,7 @@ async def replay(args, path: Path) -> dict:
     client.feature(types.WINDOW_WORK_DONE_PROGRESS_CREATE)(lambda params: None)
     client.feature(types.PROGRESS)(lambda params: print(f"  {_message(params.value)}", file=sys.stderr))
     client.feature(types.WINDOW_LOG_MESSAGE)(lambda params: None)
-    serve_args = [arg for option in ("model", "device") if getattr(args, option)
+    serve_args = [arg for option in ("model", "device", "port") if getattr(args, option) is not None
                   for arg in (f"--{option}", str(getattr(args, option)))]  # fmt: skip
     options = {key: value for key, value in (("maxTokens", args.max_tokens), ("timeBudgetMs", args.time_budget_ms))
                if value is not None}  # fmt: skip
@@ -92,8 +92,12 @@ async def replay(args, path: Path) -> dict:
             types.InlineCompletionParams(context, types.TextDocumentIdentifier(uri), position))
         ms = (time.perf_counter() - began) * 1e3
         items = answer.items if answer is not None else []
+        began = time.perf_counter()
         stats = await client.protocol.send_request_async("lingcode/stats", None)
+        round_trips.append((time.perf_counter() - began) * 1e3)
         return ms, (items[0].insert_text if items else ""), stats
+
+    round_trips: list[float] = []  # a request that does no work: what JSON-RPC over pipes costs here
 
     load_before = os.getloadavg()
     line, column, version = start_line, 0, 1
@@ -131,6 +135,7 @@ async def replay(args, path: Path) -> dict:
         "daemon": None if daemon is None else {"url": daemon.url, "model": daemon.model},
         "cold": cold, "keystrokes": records, "summary": summarize(records),
         "lsp_internal_ms": {"typed_ahead": stats.cache_ms._asdict(), "engine": stats.engine_ms._asdict()},
+        "stats_round_trip_ms": {"p50": _pct(round_trips, 0.5), "p95": _pct(round_trips, 0.95)},
     }  # fmt: skip
 
 
@@ -139,8 +144,10 @@ def _message(value) -> str:
 
 
 def _figures(last) -> dict:
-    return {k: getattr(last, k, None) for k in ("prompt_tokens", "cached_tokens", "prefilled_tokens",
-                                                 "completion_tokens", "ttft_ms", "daemon_ms", "cut")}  # fmt: skip
+    figures = {k: getattr(last, k, None) for k in ("prompt_tokens", "cached_tokens", "prefilled_tokens",
+                                                    "completion_tokens", "ttft_ms", "daemon_ms")}  # fmt: skip
+    figures["ended"] = getattr(last, "cut", None) or {"stop": "eos"}.get(last.finish_reason, last.finish_reason)
+    return figures
 
 
 def _root(path: Path) -> Path:
@@ -175,7 +182,7 @@ def summarize(records: list[dict]) -> dict:
                  for r in fresh if r.get("ttft_ms") and r.get("completion_tokens", 0) > 1]  # fmt: skip
     cuts: dict[str, int] = {}
     for r in fresh:
-        cuts[str(r.get("cut"))] = cuts.get(str(r.get("cut")), 0) + 1
+        cuts[str(r.get("ended"))] = cuts.get(str(r.get("ended")), 0) + 1
     return {
         "keystrokes": len(records),
         "typed_ahead_hits": len(hits),
@@ -216,6 +223,8 @@ def render(result: dict) -> str:
          f"{s['decode_ms_per_token']['p50']} / {s['decode_ms_per_token']['p95']} ms"),
         ("typed-ahead lookup inside the LSP p50 / p95",
          f"{result['lsp_internal_ms']['typed_ahead']['p50']} / {result['lsp_internal_ms']['typed_ahead']['p95']} ms"),
+        ("round trip of a request that does no work (`lingcode/stats`) p50 / p95",
+         f"{result['stats_round_trip_ms']['p50']} / {result['stats_round_trip_ms']['p95']} ms"),
         ("tokens prefilled per engine call p50 / p95 / mean",
          f"{s['prefilled_tokens']['p50']} / {s['prefilled_tokens']['p95']} / {s['prefilled_tokens']['mean']}"),
         ("prompt tokens per engine call (mean)", str(s["prompt_tokens_mean"])),
