@@ -74,10 +74,9 @@ class Scheduler:
         self._counters["submitted"] += 1
         if latest_wins is not None:
             await self._supersede(latest_wins, request_id)
-        holding = finished = False
+        finished = False
         try:
-            holding = await self._acquire(request_id, priority)
-            if not holding:
+            if not await self._acquire(request_id, priority):
                 yield TokenChunk([], "abort")  # cancelled while waiting: it never reached the engine
                 return
             generated: list[int] = []
@@ -101,25 +100,29 @@ class Scheduler:
                             raise
                         if chunk.finish_reason is not None:
                             return
-                if request_id not in self._preempting:  # cancelled while it was yielding the slot
+                if not await self._resume_after_preemption(request_id, priority):
                     yield TokenChunk([], "abort", len(input_ids), cached)
                     return
-                self._preempting.discard(request_id)
-                self._counters["preempted"] += 1
-                if self._waiting[Priority.COMPLETION]:  # (the completion may have been cancelled meanwhile)
-                    holding = False
-                    self._release()
-                    holding = await self._acquire(request_id, priority, front=True)
-                    if not holding:
-                        yield TokenChunk([], "abort", len(input_ids), cached)
-                        return
-                self._counters["resumed"] += 1
         finally:
             self._preempting.discard(request_id)
             self._forget(latest_wins, request_id)
             self._counters["completed" if finished else "aborted"] += 1
-            if holding:
+            if self._running == request_id:
                 self._release()
+
+    async def _resume_after_preemption(self, request_id: str, priority: Priority) -> bool:
+        """The request yielded the slot between two steps: the completions run, then it takes the
+        slot back. False if it was cancelled meanwhile."""
+        if request_id not in self._preempting:
+            return False  # a cancel came while it was yielding
+        self._preempting.discard(request_id)
+        self._counters["preempted"] += 1
+        if self._waiting[Priority.COMPLETION]:  # (they may all have been cancelled meanwhile)
+            self._release()
+            if not await self._acquire(request_id, priority, front=True):
+                return False
+        self._counters["resumed"] += 1
+        return True
 
     def _segment(
         self, request_id: str, input_ids: list[int], generated: list[int], params: SamplingParams
