@@ -61,6 +61,30 @@ def cmd_sglang_args(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lsp(args: argparse.Namespace) -> int:
+    """The language server on stdin/stdout; the serve options apply when it has to start a daemon."""
+    from lingcode.lsp.server import main as lsp_main
+
+    serve_args: list[str] = []
+    for option in ("engine", "model", "device", "port"):
+        if getattr(args, option) is not None:
+            serve_args += [f"--{option}", str(getattr(args, option))]
+    return lsp_main(serve_args, auto_start=not args.no_start)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`lingcode bench [options]` measures decode speed (lingcode/bench/decode.py); `lingcode bench NAME`
+    runs lingcode/bench/NAME.py. Each is imported only when run."""
+    import importlib
+
+    if args.bench is None:
+        from lingcode.bench import decode
+
+        args.argv = sys.argv[2:]
+        return decode.run(args)
+    return importlib.import_module(f"lingcode.bench.{args.bench}").main(args)
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     print(models.pull(args.model, progress=not args.quiet))
     return 0
@@ -249,15 +273,43 @@ def build_parser() -> argparse.ArgumentParser:
                     "request by request. Writes JSON, Markdown and a PNG plot with --out.",
     )  # fmt: skip
     add_bench_arguments(bench)
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=cmd_bench, bench=None)
+    benches = bench.add_subparsers(dest="bench", required=False, metavar="NAME",
+                                   title="other benchmarks (lingcode bench NAME --help)")  # fmt: skip
+    lsp = sub.add_parser(
+        "lsp", help="run the language server (stdio) for editor completions",
+        description="Language server over stdin/stdout: inline completions and completion items from the "
+                    "daemon. With no daemon running it starts one (detached), with these options.",
+    )  # fmt: skip
+    lsp.add_argument("--engine", default=None, help="engine for a daemon it starts (see `serve --help`)")
+    lsp.add_argument("--model", metavar="M", default=None, help="model for a daemon it starts")
+    lsp.add_argument("--device", default=None, help="device for a daemon it starts")
+    lsp.add_argument("--port", metavar="N", type=_port, default=None, help="port for a daemon it starts")
+    lsp.add_argument("--no-start", action="store_true", help="never start a daemon; use a running one")
+    lsp.set_defaults(func=cmd_lsp)
+
+    bench_lsp = benches.add_parser(
+        "lsp", help="replay typing through a file against `lingcode lsp`: keystroke-to-suggestion latency",
+        description="Types a real Python file of this repo character by character into `lingcode lsp` (a real "
+                    "server process and daemon), asking for an inline completion after each keystroke. Reports "
+                    "p50/p95 keystroke-to-suggestion for fresh suggestions and typed-ahead hits, the hit rate, "
+                    "and tokens prefilled per request.",
+    )  # fmt: skip
+    bench_lsp.add_argument("--file", type=Path, default=None,
+                           help="file to type through (default: lingcode/scheduler.py of this installation)")
+    bench_lsp.add_argument("--start-line", type=int, default=None,
+                           help="line where typing starts (default: a third into the file)")
+    bench_lsp.add_argument("--chars", type=_positive, default=300, help="characters to type (default: 300)")
+    bench_lsp.add_argument("--max-tokens", type=_positive, default=None, help="the LSP's maxTokens setting")
+    bench_lsp.add_argument("--time-budget-ms", type=float, default=None, help="the LSP's timeBudgetMs setting")
+    bench_lsp.add_argument("--model", default=None, help="model for a daemon the LSP starts")
+    bench_lsp.add_argument("--device", default=None, help="device for a daemon the LSP starts")
+    bench_lsp.add_argument("--port", type=_port, default=None, help="port for a daemon the LSP starts (0: any free)")
+    bench_lsp.add_argument("--out", type=Path, default=None, metavar="DIR",
+                           help="write the table (.md) and every keystroke (.json) under DIR, e.g. bench/results")
+    bench_lsp.set_defaults(func=cmd_bench)
     return parser
 
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from lingcode.bench import decode
-
-    args.argv = sys.argv[2:]
-    return decode.run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

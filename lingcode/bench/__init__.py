@@ -1,1 +1,1 @@
-"""Benchmarks: `lingcode bench` (decode speed) and the per-feature benches (lsp, agent, soak)."""
+"""Benchmarks, not tests: `lingcode bench` (decode speed, decode.py) and `lingcode bench NAME` (NAME.py with main(args)), on real parts."""
