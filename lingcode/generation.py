@@ -63,6 +63,7 @@ class TextChunk:
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last chunk
     usage: Usage | None = None  # last chunk only
     timing: Timing | None = None  # last chunk only
+    output_ids: list[int] | None = None  # last chunk only: every token id generated, as generated
 
 
 async def generate_text(
@@ -84,12 +85,14 @@ async def generate_text(
     n_tokens = cached = 0
     accept_length = None
     text, last_ids, finish = "", [], None
+    output_ids: list[int] = []
     async with aclosing(scheduler.generate(request_id, input_ids, params)) as chunks:
         async for chunk in chunks:
             if chunk.token_ids and first_token_at is None:
                 first_token_at = time.perf_counter()
             n_tokens += len(chunk.token_ids)
             last_ids = chunk.token_ids
+            output_ids += chunk.token_ids
             cached = chunk.cached_tokens
             if chunk.spec_accept_length is not None:
                 accept_length = chunk.spec_accept_length
@@ -109,4 +112,4 @@ async def generate_text(
     tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
     timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens,
                     accept_length=accept_length)  # fmt: skip
-    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing)
+    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing, output_ids)
