@@ -22,11 +22,13 @@ from typing import AsyncIterator
 import torch
 
 from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
+from lingcode.engine.local.kv_store import PrefixStore
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.weights import Checkpoint
 
 PREFILL_CHUNK = 512  # prompt tokens per forward while prefilling
+KV_STORE_BYTES = 512 * 1024 * 1024  # saved KV prefixes (kv_store.py), e.g. an agent session's
 
 
 @dataclass
@@ -48,7 +50,8 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class LocalEngine:
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype):
+    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                 kv_store_bytes: int = KV_STORE_BYTES):
         cfg = checkpoint.config
         self.device, self.dtype = device, dtype
         self.model = Transformer.from_weights(cfg, checkpoint.weights, dtype, device)
@@ -66,6 +69,7 @@ class LocalEngine:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingcode-engine")
         self._requests: dict[str, _Request] = {}
         self._cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self.kv_store = PrefixStore(kv_store_bytes)
         self._counters = dict.fromkeys(
             ("requests", "finished", "aborted", "errors", "prompt_tokens", "cached_tokens",
              "prefilled_tokens", "generated_tokens", "forward_passes"), 0
@@ -110,7 +114,7 @@ class LocalEngine:
 
     def stats(self) -> dict:
         return {**self._counters, "running": self._running, "cached_context_tokens": len(self._cached_ids),
-                "last_request": dict(self._last)}  # fmt: skip
+                "last_request": dict(self._last), "kv_store": self.kv_store.stats()}  # fmt: skip
 
     async def close(self) -> None:
         for req in list(self._requests.values()):
@@ -144,7 +148,7 @@ class LocalEngine:
         counters = self._counters
         counters["requests"] += 1
         # Reuse the cached prefix; at least one token is fed to get the next token's logits.
-        cached = min(_common_prefix(self._cached_ids, ids), len(ids) - 1)
+        cached = min(self._reuse_prefix(ids), len(ids) - 1)
         counters["prompt_tokens"] += len(ids)
         counters["cached_tokens"] += cached
         counters["prefilled_tokens"] += len(ids) - cached
@@ -195,6 +199,21 @@ class LocalEngine:
             "steps_after_abort": req.steps_after_abort, "prefill_ms": round(prefill_ms, 3),
             "decode_ms": round((time.perf_counter() - t0) * 1e3 - prefill_ms, 3),
         }  # fmt: skip
+
+    def _reuse_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of ids the cache holds: the live cache's, or a saved prefix's."""
+        live = _common_prefix(self._cached_ids, ids)
+        saved = self.kv_store.longest_prefix_of(ids)
+        caches = [layer.attn.kv_cache for layer in self.model.layers]
+        # Either way (restored prefix or this request's own tokens) the cache keeps only its first
+        # `live` positions: save it first if that loses most of it.
+        if self.kv_store.should_save(len(self._cached_ids), live):
+            self.kv_store.save(self._cached_ids, caches)
+        if saved is not None and len(saved) > live:
+            self.kv_store.restore(saved, caches)
+            self._cached_ids = list(saved)
+            return len(saved)
+        return live
 
 
 def pick_device(device: str = "auto") -> torch.device:
