@@ -34,6 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        session_idle_s=args.session_idle,
     )
 
 
@@ -170,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where the local engine runs; auto picks cuda if available (default: auto)")
     serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
+    serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,
+                       help="agent sessions (/v1/sessions) are forgotten after S seconds without a turn (default: 1800)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        default="info", help="log verbosity (default: info)")
     serve.set_defaults(func=cmd_serve)

@@ -4,7 +4,8 @@
     GET  /v1/models[/{id}]       the one served model
     POST /v1/chat/completions    chat, streamed (SSE) or not
     POST /v1/completions         plain prompts (and fill-in-the-middle where the model has it)
-    GET  /v1/lingcode/stats      the engine's and the scheduler's counters
+    GET  /v1/lingcode/stats      the engine's, the scheduler's and the sessions' counters
+    /v1/sessions...              token-exact agent sessions (server/sessions_routes.py)
 
 create_app() takes what it serves as arguments, so the daemon (server/daemon.py) and tests build
 it the same way.
@@ -23,15 +24,19 @@ from lingcode.server import errors
 from lingcode.server.auth import TokenAuth
 from lingcode.server.body import MAX_BODY_BYTES
 from lingcode.server.openai_routes import OpenAIRoutes
+from lingcode.server.sessions_routes import SessionRoutes
+from lingcode.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
 
 
 def create_app(
-    scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES
+    scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES,
+    session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
 ) -> FastAPI:
     # No /docs or /openapi.json: the API is OpenAI's, and every path that is not a route is a 404.
     app = FastAPI(title="lingcode", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     errors.install(app)
     app.add_middleware(TokenAuth, token=token)
+    sessions = SessionStore(session_idle_s)
 
     @app.get("/health")
     async def health() -> dict:
@@ -53,7 +58,8 @@ def create_app(
 
     @app.get("/v1/lingcode/stats")
     async def stats() -> dict:
-        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats()}
+        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "sessions": sessions.stats()}
 
     OpenAIRoutes(scheduler, info, model_id, max_body_bytes).install(app)
+    SessionRoutes(scheduler, info, model_id, max_body_bytes, sessions).install(app)
     return app

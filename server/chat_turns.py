@@ -37,13 +37,13 @@ async def chat_turn(request: Request, scheduler: Scheduler, info: ModelInfo, mod
     params = inputs.sampling_params(info, body, len(input_ids), "messages")
     spec = TurnSpec(family, tuple(tools), body.choice(), body.parallel_tool_calls is not False,
                     starts_in_reasoning(family, prompt))  # fmt: skip
-    params = constrained(info, params, spec, _json_format(body), "tool_choice" if spec.forced_tools() else "response_format")
+    params = constrained(info, params, spec, json_format(body), "tool_choice" if spec.forced_tools() else "response_format")
     shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", model_id, body.include_usage())
     events = run_turn(scheduler, info, shape.request_id, input_ids, params, spec, body.stop_strings())
-    return await respond(request, events, bool(body.stream), shape.turn_response, lambda ev: _sse(ev, shape))
+    return await respond(request, events, bool(body.stream), shape.turn_response, lambda ev: chat_sse(ev, shape))
 
 
-def _json_format(body: ChatCompletionRequest) -> tuple[str, dict | None] | None:
+def json_format(body: ChatCompletionRequest) -> tuple[str, dict | None] | None:
     fmt = body.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -52,7 +52,7 @@ def _json_format(body: ChatCompletionRequest) -> tuple[str, dict | None] | None:
     return ("json_schema", fmt.json_schema.schema_)
 
 
-async def _sse(events: AsyncIterator[TurnEvent], shape: ChatShape) -> AsyncIterator[str]:
+async def chat_sse(events: AsyncIterator[TurnEvent], shape: ChatShape) -> AsyncIterator[str]:
     """Opening chunk, deltas (content, reasoning_content, tool_calls), the finish chunk, [usage], [DONE]."""
     try:
         for payload in shape.opening():

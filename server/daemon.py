@@ -173,6 +173,7 @@ def serve(
     device: str,
     max_queue: int,
     log_level: str,
+    session_idle_s: float = 1800.0,
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code."""
     if engine != "local":
@@ -212,7 +213,7 @@ def serve(
     from lingcode.server.app import create_app
 
     scheduler = Scheduler(local_engine, max_queue=max_queue)
-    app = create_app(scheduler, info, token, model_id=model_name)
+    app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s)
     url = socket_url(sock)
     record = {
         "url": url, "pid": os.getpid(), "engine": engine, "model": model_name, "model_path": str(model_path),
