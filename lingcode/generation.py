@@ -64,6 +64,7 @@ class TextChunk:
     usage: Usage | None = None  # last chunk only
     timing: Timing | None = None  # last chunk only
     output_ids: list[int] | None = None  # last chunk only: every token id generated, as generated
+    stop_string: str | None = None  # last chunk only: the stop string that ended the text, if one did
 
 
 async def generate_text(
@@ -112,4 +113,5 @@ async def generate_text(
     tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
     timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens,
                     accept_length=accept_length)  # fmt: skip
-    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing, output_ids)
+    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing, output_ids,
+                    stops.hit)

@@ -42,6 +42,7 @@ class TurnEnd:
     usage: Usage
     timing: Timing | None
     output_ids: list[int] = field(default_factory=list)
+    stop_string: str | None = None  # the stop string that ended the turn, if one did
 
 
 TurnEvent = Content | Reasoning | CallStart | CallArgs | TurnEnd
@@ -149,5 +150,5 @@ async def run_turn(
                 if calls and not text.strip():
                     text = ""  # only the separators around the calls
                 yield TurnEnd(finish_reason, text, "".join(thought), calls, chunk.usage, chunk.timing,
-                              chunk.output_ids or [])  # fmt: skip
+                              chunk.output_ids or [], chunk.stop_string)  # fmt: skip
                 return

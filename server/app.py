@@ -6,6 +6,8 @@
     POST /v1/completions         plain prompts (and fill-in-the-middle where the model has it)
     GET  /v1/lingcode/stats      the engine's, the scheduler's and the sessions' counters
     /v1/sessions...              token-exact agent sessions (server/sessions_routes.py)
+    POST /v1/messages[/count_tokens]  Anthropic Messages (server/anthropic_routes.py)
+    POST /v1/responses           OpenAI Responses (server/openai_responses_routes.py)
 
 create_app() takes what it serves as arguments, so the daemon (server/daemon.py) and tests build
 it the same way.
@@ -21,8 +23,10 @@ from lingcode import __version__
 from lingcode.engine import ModelInfo
 from lingcode.scheduler import Scheduler
 from lingcode.server import errors
+from lingcode.server.anthropic_routes import AnthropicRoutes
 from lingcode.server.auth import TokenAuth
 from lingcode.server.body import MAX_BODY_BYTES
+from lingcode.server.openai_responses_routes import ResponsesRoutes
 from lingcode.server.openai_routes import OpenAIRoutes
 from lingcode.server.sessions_routes import SessionRoutes
 from lingcode.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
@@ -37,6 +41,10 @@ def create_app(
     errors.install(app)
     app.add_middleware(TokenAuth, token=token)
     sessions = SessionStore(session_idle_s)
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> dict:  # Claude Code sends HEAD / when it starts
+        return {"status": "ok"}
 
     @app.get("/health")
     async def health() -> dict:
@@ -62,4 +70,6 @@ def create_app(
 
     OpenAIRoutes(scheduler, info, model_id, max_body_bytes).install(app)
     SessionRoutes(scheduler, info, model_id, max_body_bytes, sessions).install(app)
+    AnthropicRoutes(scheduler, info, max_body_bytes).install(app)
+    ResponsesRoutes(scheduler, info, model_id, max_body_bytes).install(app)
     return app
