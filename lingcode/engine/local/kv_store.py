@@ -5,7 +5,8 @@ agent session, an LSP completion in between, then the session's next turn: witho
 the completion would overwrite the session's cache and the turn would prefill its whole history
 again. So, just before a request overwrites most of what the cache holds (what it would lose is
 at least as long as what it keeps, and not tiny), the cache's content is copied here; a later
-request that extends a saved prefix further than the live cache does gets it copied back.
+request that shares a longer prefix with a saved entry than with the live cache gets that shared
+part copied back (a saved entry may end with generated tokens the next request does not repeat).
 
 Bounded: entries are kept in LRU order and the oldest are dropped to stay under max_bytes. A
 saved prefix that a newer one extends is dropped as redundant.
@@ -20,6 +21,14 @@ import torch
 MIN_SAVE_TOKENS = 32  # a shorter prefix is cheaper to prefill again than to keep
 
 
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class PrefixStore:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
@@ -27,12 +36,14 @@ class PrefixStore:
         self._bytes: dict[tuple[int, ...], int] = {}
         self.counters = dict.fromkeys(("saves", "restores", "restored_tokens", "evictions"), 0)
 
-    def longest_prefix_of(self, ids: list[int]) -> tuple[int, ...] | None:
-        best = None
+    def best_match(self, ids: list[int]) -> tuple[tuple[int, ...] | None, int]:
+        """The saved entry sharing the longest prefix with ids, and how many tokens it shares."""
+        best, best_n = None, 0
         for key in self._entries:
-            if len(key) <= len(ids) and (best is None or len(key) > len(best)) and tuple(ids[: len(key)]) == key:
-                best = key
-        return best
+            n = common_prefix(key, ids)
+            if n > best_n:
+                best, best_n = key, n
+        return best, best_n
 
     def should_save(self, cached: int, reused: int) -> bool:
         """Whether the cache, holding `cached` tokens of which a request reuses `reused`, is worth saving."""
@@ -54,14 +65,18 @@ class PrefixStore:
         self._bytes[key] = size
         self.counters["saves"] += 1
 
-    def restore(self, key: tuple[int, ...], caches: list) -> None:
-        n = len(key)
+    def restore(self, key: tuple[int, ...], n: int, caches: list) -> None:
+        """Copy the first n positions of a saved entry back into the caches."""
         for cache, (k, v) in zip(caches, self._entries[key]):
-            cache.k[:, :, :n].copy_(k)
-            cache.v[:, :, :n].copy_(v)
+            cache.k[:, :, :n].copy_(k[:, :, :n])
+            cache.v[:, :, :n].copy_(v[:, :, :n])
         self._entries.move_to_end(key)
         self.counters["restores"] += 1
         self.counters["restored_tokens"] += n
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes.clear()
 
     def stats(self) -> dict:
         return {**self.counters, "entries": len(self._entries), "tokens": sum(map(len, self._entries)),
