@@ -38,6 +38,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_bench_agent(args: argparse.Namespace) -> int:
+    from lingcode.bench import agent
+    from lingcode.client import APIError, DaemonError
+
+    try:
+        return agent.main(args)
+    except (DaemonError, APIError) as e:
+        print(f"lingcode bench agent: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     print(models.pull(args.model, progress=not args.quiet))
     return 0
@@ -192,6 +203,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="print versions, devices, directories and daemon state",
                             description="Print what a bug report needs; exit 1 if serve would not work.")
     doctor.set_defaults(func=cmd_doctor)
+
+    bench = sub.add_parser("bench", help="benchmarks against the daemon (results under bench/results/)",
+                           description="Scripted workloads against a running daemon (one is started if none runs).")
+    bench_sub = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    bench_agent = bench_sub.add_parser("agent", help="a tool loop: TTFT per turn, session API vs stateless API",
+                                       description="A scripted tool loop; time to first token per turn against context "
+                                                   "length, through the session API and the stateless chat API.")
+    bench_agent.add_argument("--turns", type=_positive, default=100, help="turns of the tool loop (default: 100)")
+    bench_agent.add_argument("--max-tokens", type=_positive, default=32, help="tokens generated per turn, enough for one tool call (default: 32)")
+    bench_agent.add_argument("--cold-every", type=int, default=10, metavar="N",
+                             help="every N turns, also time a full prefill of the stateless prompt (0: never; default: 10)")
+    bench_agent.add_argument("--out", default="bench/results", help="directory for the JSON and Markdown results (default: bench/results)")
+    bench_agent.add_argument("--serve-args", nargs=argparse.REMAINDER,
+                             help="arguments for `lingcode serve` when no daemon runs yet (must come last)")
+    bench_agent.set_defaults(func=cmd_bench_agent)
     return parser
 
 
