@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        description="A scripted tool loop; time to first token per turn against context "
                                                    "length, through the session API and the stateless chat API.")
     bench_agent.add_argument("--turns", type=_positive, default=100, help="turns of the tool loop (default: 100)")
-    bench_agent.add_argument("--max-tokens", type=_positive, default=32, help="tokens generated per turn, enough for one tool call (default: 32)")
+    bench_agent.add_argument("--max-tokens", type=_positive, default=48, help="tokens generated per turn, enough for one tool call (default: 48)")
     bench_agent.add_argument("--cold-every", type=int, default=10, metavar="N",
                              help="every N turns, also time a full prefill of the stateless prompt (0: never; default: 10)")
     bench_agent.add_argument("--out", default="bench/results", help="directory for the JSON and Markdown results (default: bench/results)")

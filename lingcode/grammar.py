@@ -57,7 +57,6 @@ class _Compiler:
         self.compile = lru_cache(maxsize=64)(self._compile)
 
     def _compile(self, kind: str, spec: str):
-        xgr = _xgr()
         try:
             with self.lock:
                 if kind == "structural_tag":

@@ -73,7 +73,7 @@ class AnthropicRoutes:
         input_ids = self.info.tokenizer.encode(prompt)
         params = inputs.sampling_params(self.info, _Sampling(body), len(input_ids), "messages")
         spec = TurnSpec(self.family, tuple(body.tool_list()), choice, body.parallel(), starts_in_reasoning(self.family, prompt))
-        params = constrained(self.info, params, spec, body.json_format(),
+        params = await constrained(self.info, params, spec, body.json_format(),
                              "tool_choice" if spec.forced_tools() else "output_config.format")  # fmt: skip
         shape = MessageShape(f"msg_{uuid.uuid4().hex[:24]}", body.model)
         events = run_turn(self.scheduler, self.info, shape.id, input_ids, params, spec, body.stop_sequences or ())

@@ -37,7 +37,7 @@ async def chat_turn(request: Request, scheduler: Scheduler, info: ModelInfo, mod
     params = inputs.sampling_params(info, body, len(input_ids), "messages")
     spec = TurnSpec(family, tuple(tools), body.choice(), body.parallel_tool_calls is not False,
                     starts_in_reasoning(family, prompt))  # fmt: skip
-    params = constrained(info, params, spec, json_format(body), "tool_choice" if spec.forced_tools() else "response_format")
+    params = await constrained(info, params, spec, json_format(body), "tool_choice" if spec.forced_tools() else "response_format")
     shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", model_id, body.include_usage())
     events = run_turn(scheduler, info, shape.request_id, input_ids, params, spec, body.stop_strings())
     return await respond(request, events, bool(body.stream), shape.turn_response, lambda ev: chat_sse(ev, shape))

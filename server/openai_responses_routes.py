@@ -61,7 +61,7 @@ class ResponsesRoutes:
         params = inputs.sampling_params(self.info, body, len(input_ids), "input")
         spec = TurnSpec(self.family, tuple(tools), body.choice(), body.parallel_tool_calls is not False,
                         starts_in_reasoning(self.family, prompt))  # fmt: skip
-        params = constrained(self.info, params, spec, json_format, "tool_choice" if spec.forced_tools() else "text.format")
+        params = await constrained(self.info, params, spec, json_format, "tool_choice" if spec.forced_tools() else "text.format")
         shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
         events = run_turn(self.scheduler, self.info, shape.id, input_ids, params, spec, body.stop_strings())
         return await respond(request, events, bool(body.stream), shape.whole, shape.stream)

@@ -24,7 +24,7 @@ from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
 from lingcode.server.openai_api import ChatCompletionRequest, CompletionRequest, parse
-from lingcode.server.responses import DONE, ChatShape, CompletionShape, Shape, sse
+from lingcode.server.responses import DONE, CompletionShape, Shape, sse
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
 
 log = logging.getLogger("lingcode.server")

@@ -105,7 +105,7 @@ class SessionRoutes:
         params = inputs.sampling_params(self.info, body, len(input_ids), "messages")
         spec = TurnSpec(session.family, session.tools, choice, body.parallel_tool_calls is not False,
                         starts_in_reasoning(session.family, appended))  # fmt: skip
-        params = constrained(self.info, params, spec, json_format(body),
+        params = await constrained(self.info, params, spec, json_format(body),
                              "tool_choice" if spec.forced_tools() else "response_format")  # fmt: skip
         shape = SessionShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage(), session,
                              len(input_ids) - len(session.token_ids))  # fmt: skip

@@ -8,6 +8,7 @@ Each API only supplies how to shape a finished turn and how to shape its event s
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 
@@ -30,16 +31,24 @@ def as_api_error(exc: BaseException) -> APIError | None:
     return _base_api_error(exc)
 
 
-def constrained(info: ModelInfo, params: SamplingParams, spec: TurnSpec, json_format: tuple[str, dict | None] | None,
-                param: str) -> SamplingParams:  # fmt: skip
+async def constrained(info: ModelInfo, params: SamplingParams, spec: TurnSpec,
+                      json_format: tuple[str, dict | None] | None, param: str) -> SamplingParams:  # fmt: skip
     """params with the grammar this turn needs: a forced tool call, else a JSON response format, else none.
 
-    json_format: None, ("json", None) for any JSON object, ("json_schema", schema).
+    json_format: None, ("json", None) for any JSON object, ("json_schema", schema). Compiling a
+    grammar can take a while (the first one also indexes the vocabulary): it runs on a thread, so
+    the event loop keeps streaming other responses meanwhile.
     """
+
+    def build():
+        if spec.forced_tools() is not None:
+            return tool_constraint(info, spec)
+        return json_constraint(info, json_format[1]) if json_format is not None else None
+
+    if spec.forced_tools() is None and json_format is None:
+        return params
     try:
-        constraint = tool_constraint(info, spec)
-        if constraint is None and json_format is not None:
-            constraint = json_constraint(info, json_format[1])
+        constraint = await asyncio.to_thread(build)
     except (GrammarUnavailable, GrammarError) as exc:
         error = as_api_error(exc)
         error.param = param

@@ -7,8 +7,8 @@ The same script runs three ways against one daemon:
     cold       every `--cold-every` turns, the stateless prompt with a changing first line (the
                way a per-request attribution header breaks prefix caching): a full prefill
 The script: a system prompt and one tool (read_file); each turn the model must call the tool
-(tool_choice required); the tool's result (a file excerpt of ~30 tokens) is the next turn's new
-message. Greedy, --max-tokens per turn. Times are the daemon's own (`timings.ttft_ms`).
+(tool_choice required, one call); the tool's result (a file excerpt of ~20 tokens) is the next
+turn's new message. Greedy, --max-tokens per turn. Times are the daemon's own (`timings.ttft_ms`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from lingcode.client import Client, ensure_daemon
 
 SYSTEM = "You are a coding agent working in a Python repository. Use the tools to inspect files before you answer."
 TOOL = {"type": "function", "function": {"name": "read_file", "description": "Read a file of the project",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}  # fmt: skip
+        "parameters": {"type": "object", "properties": {"path": {"type": "string", "maxLength": 24}}, "required": ["path"]}}}  # fmt: skip
 TASK = "The tests in tests/test_parser.py fail. Find the bug and fix it."
 
 
 def tool_result(turn: int) -> str:
-    """A file excerpt: different every turn, about 30 tokens."""
-    return f"src/module_{turn}.py:\ndef handler_{turn}(request):\n    value = request.get('key_{turn}')\n    return value * {turn}\n"
+    """A file excerpt: different every turn, about 20 tokens (100 turns stay inside an 8K context)."""
+    return f"def handler_{turn}(request):\n    return request.get('key_{turn}')\n"
 
 
 async def run_session(client: Client, turns: int, max_tokens: int) -> list[dict]:
