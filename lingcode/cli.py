@@ -44,6 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        session_idle_s=args.session_idle,
         **sglang,
     )
 
@@ -84,6 +85,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return decode.run(args)
     return importlib.import_module(f"lingcode.bench.{args.bench}").main(args)
 
+
+
+def cmd_bench_agent(args: argparse.Namespace) -> int:
+    from lingcode.bench import agent
+    from lingcode.client import APIError, DaemonError
+
+    try:
+        return agent.main(args)
+    except (DaemonError, APIError) as e:
+        print(f"lingcode bench agent: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 def cmd_pull(args: argparse.Namespace) -> int:
     print(models.pull(args.model, progress=not args.quiet))
@@ -233,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where the local engine runs; auto picks cuda if available (default: auto)")
     serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
+    serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,
+                       help="agent sessions (/v1/sessions) are forgotten after S seconds without a turn (default: 1800)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        default="info", help="log verbosity (default: info)")
     serve.set_defaults(func=cmd_serve)
@@ -308,6 +322,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench_lsp.add_argument("--out", type=Path, default=None, metavar="DIR",
                            help="write the table (.md) and every keystroke (.json) under DIR, e.g. bench/results")
     bench_lsp.set_defaults(func=cmd_bench)
+
+    bench_agent = benches.add_parser("agent", help="a tool loop: TTFT per turn, session API vs stateless API",
+                                       description="A scripted tool loop; time to first token per turn against context "
+                                                   "length, through the session API and the stateless chat API.")
+    bench_agent.add_argument("--turns", type=_positive, default=100, help="turns of the tool loop (default: 100)")
+    bench_agent.add_argument("--max-tokens", type=_positive, default=48, help="tokens generated per turn, enough for one tool call (default: 48)")
+    bench_agent.add_argument("--cold-every", type=int, default=10, metavar="N",
+                             help="every N turns, also time a full prefill of the stateless prompt (0: never; default: 10)")
+    bench_agent.add_argument("--out", default="bench/results", help="directory for the JSON and Markdown results (default: bench/results)")
+    bench_agent.add_argument("--serve-args", nargs=argparse.REMAINDER,
+                             help="arguments for `lingcode serve` when no daemon runs yet (must come last)")
+    bench_agent.set_defaults(func=cmd_bench_agent)
     return parser
 
 

@@ -17,6 +17,7 @@ User text (code, paths) is tokenized with special tokens as plain text: a file t
 
 from __future__ import annotations
 
+import re
 import string
 import tomllib
 from dataclasses import dataclass
@@ -91,23 +92,21 @@ class CompletionPrompt:
 
 @cache
 def families() -> tuple[tuple[tuple[str, ...], Family], ...]:
-    """(match substrings, Family) for each [family.NAME] of families.toml, in file order."""
+    """(match regexes, Family) for each family of families.toml, in file order; `default` last."""
     text = resources.files("lingcode").joinpath("data/families.toml").read_text(encoding="utf-8")
-    table = tomllib.loads(text).get("family", {})
     found = []
-    for name, entry in table.items():
+    for name, entry in tomllib.loads(text).items():
         completion = entry.get("completion", {})
         fim = entry.get("fim")
         family = Family(name, completion.get("repo"), completion.get("file"), dict(fim) if fim else None)
-        found.append((tuple(m.lower() for m in entry.get("match", ())), family))
+        found.append((tuple(entry.get("match", ())), family))
     return tuple(found)
 
 
 def family_for(info: ModelInfo) -> Family:
     """The model's family by name; else the first whose FIM tokens its vocabulary has; else plain."""
-    name = info.name.lower()
     for match, family in families():
-        if any(m in name for m in match):
+        if family.name != "default" and any(re.search(m, info.name, re.IGNORECASE) for m in match):
             return family
     vocab = info.tokenizer
     for _, family in families():

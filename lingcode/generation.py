@@ -74,6 +74,8 @@ class TextChunk:
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last chunk
     usage: Usage | None = None  # last chunk only
     timing: Timing | None = None  # last chunk only
+    output_ids: list[int] | None = None  # last chunk only: every token id generated, as generated
+    stop_string: str | None = None  # last chunk only: the stop string that ended the text, if one did
 
 
 async def generate_text(
@@ -97,12 +99,14 @@ async def generate_text(
         frozenset() if params.ignore_eos else frozenset(scheduler.engine.info.eos_token_ids)
     )
     detok = IncrementalDetokenizer(tokenizer, skip_ids=end_ids)
-    cuts: list[TextCut] = [StopMatcher(list(stop))] + ([cut] if cut is not None else [])
+    stops = StopMatcher(list(stop))
+    cuts: list[TextCut] = [stops] + ([cut] if cut is not None else [])
     start = time.perf_counter()
     first_token_at = None
     n_tokens = cached = 0
     accept_length = None
     text, last_ids, finish = "", [], None
+    output_ids: list[int] = []
     chunks = scheduler.generate(request_id, input_ids, params, priority=priority, latest_wins=latest_wins)
     async with aclosing(chunks):
         async for chunk in chunks:
@@ -110,6 +114,7 @@ async def generate_text(
                 first_token_at = time.perf_counter()
             n_tokens += len(chunk.token_ids)
             last_ids = chunk.token_ids
+            output_ids += chunk.token_ids
             cached = chunk.cached_tokens
             if chunk.spec_accept_length is not None:
                 accept_length = chunk.spec_accept_length
@@ -133,4 +138,5 @@ async def generate_text(
     tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
     timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens,
                     accept_length=accept_length)  # fmt: skip
-    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing)
+    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing, output_ids,
+                    stops.hit)

@@ -7,16 +7,18 @@ class StopMatcher:
     def __init__(self, stops: list[str] | tuple[str, ...]):
         self.stops = [s for s in stops if s]
         self.pending = ""  # text held back because it could be the start of a stop string
+        self.hit: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, text: str) -> tuple[str, bool]:
         """New text -> (text safe to emit now, whether a stop string was hit)."""
         if not self.stops:
             return text, False
         buffer = self.pending + text
-        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := buffer.find(s)) >= 0]
         if hits:
             self.pending = ""
-            return buffer[: min(hits)], True
+            at, self.hit = min(hits)
+            return buffer[:at], True
         keep = self._partial_tail(buffer)
         self.pending = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False

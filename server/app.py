@@ -6,6 +6,9 @@
     POST /v1/completions         plain prompts (and fill-in-the-middle where the model has it)
     GET  /v1/lingcode/stats      the engine's and the scheduler's counters
     POST /v1/lingcode/complete   code completion at a cursor, for editors (server/completion_routes.py)
+    /v1/sessions...              token-exact agent sessions (server/sessions_routes.py)
+    POST /v1/messages[/count_tokens]  Anthropic Messages (server/anthropic_routes.py)
+    POST /v1/responses           OpenAI Responses (server/openai_responses_routes.py)
 
 create_app() takes what it serves as arguments, so the daemon (server/daemon.py) and tests build
 it the same way.
@@ -21,19 +24,29 @@ from lingcode import __version__
 from lingcode.engine import ModelInfo
 from lingcode.scheduler import Scheduler
 from lingcode.server import errors
+from lingcode.server.anthropic_routes import AnthropicRoutes
 from lingcode.server.auth import TokenAuth
 from lingcode.server.body import MAX_BODY_BYTES
 from lingcode.server.completion_routes import CompletionRoutes
+from lingcode.server.openai_responses_routes import ResponsesRoutes
 from lingcode.server.openai_routes import OpenAIRoutes
+from lingcode.server.sessions_routes import SessionRoutes
+from lingcode.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
 
 
 def create_app(
-    scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES
+    scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES,
+    session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
 ) -> FastAPI:
     # No /docs or /openapi.json: the API is OpenAI's, and every path that is not a route is a 404.
     app = FastAPI(title="lingcode", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     errors.install(app)
     app.add_middleware(TokenAuth, token=token)
+    sessions = SessionStore(session_idle_s)
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> dict:  # Claude Code sends HEAD / when it starts
+        return {"status": "ok"}
 
     @app.get("/health")
     async def health() -> dict:
@@ -57,8 +70,12 @@ def create_app(
 
     @app.get("/v1/lingcode/stats")
     async def stats() -> dict:
-        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": completions.stats()}
+        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": completions.stats(),
+                "sessions": sessions.stats()}
 
     OpenAIRoutes(scheduler, info, model_id, max_body_bytes).install(app)
     completions.install(app)
+    SessionRoutes(scheduler, info, model_id, max_body_bytes, sessions).install(app)
+    AnthropicRoutes(scheduler, info, max_body_bytes).install(app)
+    ResponsesRoutes(scheduler, info, model_id, max_body_bytes).install(app)
     return app

@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lingcode.server.errors import APIError
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/"})  # "/": Claude Code probes it with HEAD at start
 
 
 def presented_tokens(headers: Headers) -> list[str]:
@@ -47,4 +47,4 @@ class TokenAuth:
         problem = "invalid token" if tokens else "missing token"
         message = (f"{problem}: send `Authorization: Bearer <token>` or `x-api-key: <token>`, with the "
                    "token from the file that `lingcode serve` printed")  # fmt: skip
-        await APIError(401, message, code="invalid_api_key").response()(scope, receive, send)
+        await APIError(401, message, code="invalid_api_key").response(scope["path"])(scope, receive, send)

@@ -176,6 +176,7 @@ def serve(
     log_level: str,
     engine_url: str | None = None,
     profile: str | None = None,
+    session_idle_s: float = 1800.0,
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
 
@@ -230,7 +231,7 @@ def serve(
     from lingcode.server.app import create_app
 
     scheduler = Scheduler(local_engine, max_queue=max_queue)
-    app = create_app(scheduler, info, token, model_id=model_name)
+    app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s)
     url = socket_url(sock)
     record = {
         "url": url, "pid": os.getpid(), "engine": engine, "model": model_name, "model_path": str(model_path),

@@ -28,6 +28,22 @@ _TYPES = {
 }
 
 
+# Anthropic's error `type` for each status: routes under ANTHROPIC_PATH answer in Anthropic's shape,
+#     {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
 class APIError(Exception):
     """Raise anywhere in a request: the client gets `status` and this message in OpenAI's shape."""
 
@@ -52,8 +68,13 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict:
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}}
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The error response; in Anthropic's shape on Anthropic's routes."""
+        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATH) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def invalid(message: str, *, param: str | None = None, code: str | None = None) -> APIError:
@@ -66,7 +87,7 @@ def context_overflow(message: str, *, param: str) -> APIError:
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-    return exc.response()
+    return exc.response(request.url.path)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -77,7 +98,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
     else:
         message, code = str(exc.detail), None
-    return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
+    return APIError(exc.status_code, message, code=code, headers=exc.headers).response(request.url.path)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -85,12 +106,12 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     errors = exc.errors()
     first = errors[0] if errors else {}
     param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-    return invalid(f"{param}: {first.get('msg', 'invalid request')}", param=param).response()
+    return invalid(f"{param}: {first.get('msg', 'invalid request')}", param=param).response(request.url.path)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises the exception after this response is sent, so uvicorn logs the traceback.
-    return APIError(500, "internal server error; the daemon's log has the details").response()
+    return APIError(500, "internal server error; the daemon's log has the details").response(request.url.path)
 
 
 def install(app: FastAPI) -> None:

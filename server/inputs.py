@@ -7,24 +7,27 @@ words, which some clients match on). Nothing is ever truncated silently.
 
 from __future__ import annotations
 
-from lingcode.chat_template import TemplateError, render_chat
+from lingcode.chat_template import TemplateError
 from lingcode.engine import ModelInfo, SamplingParams
+from lingcode.families import Family, family_for
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai_api import CompletionRequest, Message, GenerationRequest
+from lingcode.tool_parsers import Tool
+from lingcode.tool_prompt import render_prompt
+
+
+def chat_prompt(info: ModelInfo, messages: list[dict], tools: list[Tool] = (), family: Family | None = None,
+                param: str = "messages") -> str:  # fmt: skip
+    """The model's chat template over the messages (and tools), ending with the assistant's turn."""
+    try:
+        return render_prompt(info, family or family_for(info), messages, list(tools))
+    except TemplateError as exc:
+        raise invalid(str(exc), param=param) from None
 
 
 def chat_prompt_ids(info: ModelInfo, messages: list[Message]) -> list[int]:
     """The model's chat template over the messages, ending with the assistant's turn, as token ids."""
-    try:
-        text = render_chat(
-            info.chat_template,
-            [m.for_template() for m in messages],
-            bos_token=info.bos_token,
-            eos_token=info.eos_token,
-        )
-    except TemplateError as exc:
-        raise invalid(str(exc), param="messages") from None
-    return info.tokenizer.encode(text)
+    return info.tokenizer.encode(chat_prompt(info, [m.for_template() for m in messages]))
 
 
 def completion_prompt_ids(info: ModelInfo, body: CompletionRequest) -> list[int]:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lingcode.server.errors import APIError, invalid
+from lingcode.tool_parsers import Tool
+from lingcode.turns import ToolChoice
 
 MAX_STOP_STRINGS = 4
 
@@ -128,13 +130,54 @@ class GenerationRequest(_Strict):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class JSONSchemaFormat(_Strict):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("a json_schema response format needs json_schema.schema")
+        return self
+
+
 class ChatCompletionRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("logprobs", "top_logprobs")
     @classmethod
@@ -143,19 +186,26 @@ class ChatCompletionRequest(GenerationRequest):
             raise ValueError("logprobs are not supported by this server")
         return value
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value):
-        if value:
-            raise ValueError("tools are not supported yet by this server")
-        return value
+    @model_validator(mode="after")
+    def _tool_choice_fits(self):
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two tools have the same name")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice: no tool named {choice.function.name!r} in tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice: 'required' needs tools")
+        return self
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value):
-        if value and value.get("type", "text") != "text":
-            raise ValueError(f"only the 'text' response format is supported, not {value.get('type')!r}")
-        return value
+    def tool_list(self) -> list[Tool]:
+        return [Tool(t.function.name, t.function.description or "", t.function.parameters or {"type": "object", "properties": {}})
+                for t in self.tools or []]  # fmt: skip
+
+    def choice(self) -> ToolChoice:
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return ToolChoice("function", self.tool_choice.function.name)
+        return ToolChoice(self.tool_choice or "auto")
 
     @model_validator(mode="after")
     def _one_max_tokens(self):

@@ -24,7 +24,7 @@ from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
 from lingcode.server.openai_api import ChatCompletionRequest, CompletionRequest, parse
-from lingcode.server.responses import DONE, ChatShape, CompletionShape, Shape, sse
+from lingcode.server.responses import DONE, CompletionShape, Shape, sse
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
 
 log = logging.getLogger("lingcode.server")
@@ -59,11 +59,11 @@ class OpenAIRoutes:
         app.add_api_route("/v1/completions", self.completions, methods=["POST"])
 
     async def chat(self, request: Request) -> Response:
+        """Chat with tools, reasoning and response formats: a lingcode.turns turn (server/chat_turns.py)."""
+        from lingcode.server.chat_turns import chat_turn
+
         body = parse(ChatCompletionRequest, await read_json(request, self.max_body_bytes))
-        input_ids = inputs.chat_prompt_ids(self.info, body.messages)
-        params = inputs.sampling_params(self.info, body, len(input_ids), "messages")
-        shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
-        return await self._run(request, shape, input_ids, params, body.stop_strings(), bool(body.stream))
+        return await chat_turn(request, self.scheduler, self.info, self.model_id, body)
 
     async def completions(self, request: Request) -> Response:
         body = parse(CompletionRequest, await read_json(request, self.max_body_bytes))

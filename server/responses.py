@@ -106,6 +106,36 @@ class ChatShape(Shape):
     def _finish_choice(self, finish_reason: str) -> dict:
         return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
 
+    # --- tool calls and reasoning (lingcode.turns events) ---
+
+    def turn_response(self, end) -> dict:
+        """The whole response for a finished turn (lingcode.turns.TurnEnd)."""
+        response = self.response(end.content, end.finish_reason, end.usage, end.timing)
+        message = response["choices"][0]["message"]
+        if end.tool_calls:
+            message["content"] = end.content or None
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in end.tool_calls
+            ]
+        if end.reasoning:
+            message["reasoning_content"] = end.reasoning
+        return response
+
+    def _delta_chunk(self, delta: dict) -> dict:
+        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
+
+    def reasoning_delta(self, text: str) -> dict:
+        return self._delta_chunk({"reasoning_content": text})
+
+    def tool_call_start(self, index: int, call_id: str, name: str) -> dict:
+        """The first fragment of a call: its index, id and name, and empty arguments (OpenAI's order)."""
+        call = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        return self._delta_chunk({"tool_calls": [call]})
+
+    def tool_call_arguments(self, index: int, fragment: str) -> dict:
+        return self._delta_chunk({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
+
 
 class CompletionShape(Shape):
     object_name = "text_completion"

@@ -87,7 +87,7 @@ def test_serve_hands_the_resolved_model_to_the_daemon(model_path, monkeypatch):
     assert cli.main(["serve", "--model", "smollm2", "--port", "0", "--max-queue", "4"]) == 0
     assert calls == [{
         "engine": "local", "model_path": model_path, "model_name": models.DEFAULT_MODEL,
-        "host": "127.0.0.1", "port": 0, "device": "auto", "max_queue": 4, "log_level": "info",
+        "host": "127.0.0.1", "port": 0, "device": "auto", "max_queue": 4, "log_level": "info", "session_idle_s": 1800.0,
     }]
 
 

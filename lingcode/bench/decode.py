@@ -282,8 +282,6 @@ def plot(results: list[Result], path: Path) -> bool:
 
 
 def run(args) -> int:
-    from rich.progress import Progress
-
     from lingcode import models
     from lingcode.engine.local import load_engine
     from lingcode.engine.local.engine import pick_device
@@ -330,6 +328,8 @@ def _commit() -> str:
 
 
 def _measure(args, report: Report, info, runners: list) -> int:
+    from rich.progress import Progress
+
     report.commit = _commit()
     results: list[Result] = []
     workloads = [w for w in args.workload.split(",") if w]

@@ -23,6 +23,7 @@ import torch
 
 from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
 from lingcode.engine.local.cuda_graphs import GraphRunner
+from lingcode.engine.local.kv_store import PrefixStore
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.speculative import (
@@ -31,6 +32,7 @@ from lingcode.engine.local.speculative import (
 from lingcode.engine.local.weights import Checkpoint
 
 PREFILL_CHUNK = 512  # prompt tokens per forward while prefilling
+KV_STORE_BYTES = 512 * 1024 * 1024  # saved KV prefixes (kv_store.py), e.g. an agent session's
 
 
 @dataclass
@@ -54,7 +56,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
-        cuda_graphs: bool = True, compile: bool = False,
+        cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES,
     ):  # fmt: skip
         cfg = checkpoint.config
         self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
@@ -77,6 +79,7 @@ class LocalEngine:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingcode-engine")
         self._requests: dict[str, _Request] = {}
         self._cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self.kv_store = PrefixStore(kv_store_bytes)
         self._counters = dict.fromkeys(
             ("requests", "finished", "aborted", "errors", "prompt_tokens", "cached_tokens",
              "prefilled_tokens", "generated_tokens", "forward_passes", "decode_steps", "draft_tokens",
@@ -132,7 +135,7 @@ class LocalEngine:
 
     def stats(self) -> dict:
         return {**self._counters, "running": self._running, "cached_context_tokens": len(self._cached_ids),
-                "last_request": dict(self._last)}  # fmt: skip
+                "last_request": dict(self._last), "kv_store": self.kv_store.stats()}  # fmt: skip
 
     async def close(self) -> None:
         for req in list(self._requests.values()):
@@ -192,7 +195,7 @@ class LocalEngine:
         counters = self._counters
         counters["requests"] += 1
         # Reuse the cached prefix; at least one token is fed to get the next token's logits.
-        cached = min(_common_prefix(self._cached_ids, ids), len(ids) - 1)
+        cached = min(self._reuse_prefix(ids), len(ids) - 1)
         counters["prompt_tokens"] += len(ids)
         counters["cached_tokens"] += cached
         counters["prefilled_tokens"] += len(ids) - cached
@@ -320,6 +323,21 @@ class LocalEngine:
             if len(generated) >= max_new:
                 return new[: i + 1], "length"
         return new, None
+
+    def _reuse_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of ids the cache holds: the live cache's, or a saved prefix's."""
+        live = _common_prefix(self._cached_ids, ids)
+        saved, shared = self.kv_store.best_match(ids)
+        caches = [layer.attn.kv_cache for layer in self.model.layers]
+        # Either way (restored prefix or this request's own tokens) the cache keeps only its first
+        # `live` positions: save it first if that loses most of it.
+        if self.kv_store.should_save(len(self._cached_ids), live):
+            self.kv_store.save(self._cached_ids, caches)
+        if shared > live:
+            self.kv_store.restore(saved, shared, caches)
+            self._cached_ids = list(saved[:shared])
+            return shared
+        return live
 
 
 def pick_device(device: str = "auto") -> torch.device:

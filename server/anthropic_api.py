@@ -1,0 +1,194 @@
+"""What a client may send to POST /v1/messages (Anthropic Messages), and its translation to chat messages.
+
+Blocks supported: text, tool_use, tool_result (text content, `is_error`), thinking (kept as the
+assistant's reasoning); images and documents are a 400 (this daemon serves a text model). Any
+model id is accepted, since Claude Code asks for several; `cache_control`, `metadata` and other
+fields that do not change the output are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from lingcode.server.openai_api import _Strict
+from lingcode.tool_parsers import Tool
+from lingcode.turns import ToolChoice
+
+MAX_STOP_SEQUENCES = 8
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content):
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"only text tool results are supported, not {kind!r} blocks")
+        return content
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "\n".join(b.text for b in self.content)
+
+
+class ThinkingBlock(_Strict):
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str = ""
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
+
+
+class AnthropicMessage(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _known_blocks(cls, content):
+        if isinstance(content, list):
+            for block in content:
+                kind = block.get("type") if isinstance(block, dict) else None
+                if kind not in ("text", "tool_use", "tool_result", "thinking", "redacted_thinking"):
+                    raise ValueError(f"{kind!r} content blocks are not supported by this server (text models only)")
+        return content
+
+
+class AnthropicTool(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+
+
+class AnthropicToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class JSONOutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    format: JSONOutputFormat | None = None
+    effort: str | None = None  # accepted; one model, one effort
+
+
+class CountTokensRequest(_Strict):
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _custom_tools_only(cls, tools):
+        for tool in tools or []:
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind not in (None, "custom"):
+                raise ValueError(f"server tools ({kind!r}) are not supported; send custom tools with an input_schema")
+        return tools
+
+    def chat_messages(self) -> list[dict]:
+        """OpenAI chat-shaped messages (lingcode.tool_prompt's input)."""
+        out: list[dict] = []
+        if self.system:
+            system = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system)
+            out.append({"role": "system", "content": system})
+        for message in self.messages:
+            blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+            out += _assistant(blocks) if message.role == "assistant" else _user(blocks)
+        return out
+
+    def tool_list(self) -> list[Tool]:
+        return [Tool(t.name, t.description or "", t.input_schema) for t in self.tools or []]
+
+    def choice(self) -> ToolChoice:
+        choice = self.tool_choice
+        if choice is None or choice.type == "auto":
+            return ToolChoice("auto")
+        if choice.type == "none":
+            return ToolChoice("none")
+        if choice.type == "any":
+            return ToolChoice("required")
+        return ToolChoice("function", choice.name)
+
+    def parallel(self) -> bool:
+        return not (self.tool_choice and self.tool_choice.disable_parallel_tool_use)
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    output_config: OutputConfig | None = None  # structured outputs: the answer is JSON valid against the schema
+
+    def json_format(self) -> tuple[str, dict] | None:
+        fmt = self.output_config.format if self.output_config else None
+        return None if fmt is None else ("json_schema", fmt.schema_)
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _non_empty(cls, stops):
+        if any(not s for s in stops or []):
+            raise ValueError("stop sequences must not be empty")
+        return stops
+
+
+def _user(blocks: list) -> list[dict]:
+    """Tool results become tool messages (in order); text becomes one user message after them."""
+    out: list[dict] = []
+    text: list[str] = []
+    for block in blocks:
+        if isinstance(block, ToolResultBlock):
+            content = block.text()
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                        "content": f"Error: {content}" if block.is_error else content})  # fmt: skip
+        elif isinstance(block, TextBlock):
+            text.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            raise ValueError("tool_use blocks belong in assistant messages")
+    if text:
+        out.append({"role": "user", "content": "\n".join(text)})
+    return out
+
+
+def _assistant(blocks: list) -> list[dict]:
+    text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}}
+             for b in blocks if isinstance(b, ToolUseBlock)]  # fmt: skip
+    message: dict = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = calls
+    thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
+    if thinking:
+        message["reasoning_content"] = thinking
+    return [message]

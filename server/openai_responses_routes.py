@@ -1,0 +1,222 @@
+"""OpenAI Responses: POST /v1/responses, enough for Codex CLI (`wire_api = "responses"`).
+
+Output items: a `reasoning` item (families that think), a `message` with one `output_text`
+part, and one `function_call` item per tool call. Streamed, the events come in OpenAI's order,
+each with a `sequence_number`:
+
+    response.created, response.in_progress,
+    per item: response.output_item.added,
+        message:       response.content_part.added, response.output_text.delta..., response.output_text.done,
+                       response.content_part.done
+        function_call: response.function_call_arguments.delta..., response.function_call_arguments.done
+        reasoning:     response.reasoning_text.delta..., response.reasoning_text.done
+    response.output_item.done, ..., then response.completed (or response.incomplete at max_output_tokens)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from lingcode.engine import ModelInfo
+from lingcode.families import family_for
+from lingcode.generation import Usage
+from lingcode.scheduler import Scheduler
+from lingcode.server import inputs
+from lingcode.server.body import read_json
+from lingcode.server.errors import APIError, invalid
+from lingcode.server.openai_api import parse
+from lingcode.server.openai_responses_api import ResponsesRequest
+from lingcode.server.turn_runner import as_api_error, constrained, respond
+from lingcode.tool_parsers import CallArgs, CallStart
+from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
+
+log = logging.getLogger("lingcode.server")
+
+
+class ResponsesRoutes:
+    def __init__(self, scheduler: Scheduler, info: ModelInfo, model_id: str, max_body_bytes: int):
+        self.scheduler, self.info, self.model_id, self.max_body_bytes = scheduler, info, model_id, max_body_bytes
+        self.family = family_for(info)
+
+    def install(self, app: FastAPI) -> None:
+        app.add_api_route("/v1/responses", self.create, methods=["POST"])
+
+    async def create(self, request: Request) -> Response:
+        body = parse(ResponsesRequest, await read_json(request, self.max_body_bytes))
+        try:
+            messages, json_format = body.chat_messages(), body.json_format()
+        except ValueError as exc:
+            raise invalid(str(exc), param="input") from None
+        tools = body.tool_list()
+        prompt = inputs.chat_prompt(self.info, messages, tools, self.family, param="input")
+        input_ids = self.info.tokenizer.encode(prompt)
+        params = inputs.sampling_params(self.info, body, len(input_ids), "input")
+        spec = TurnSpec(self.family, tuple(tools), body.choice(), body.parallel_tool_calls is not False,
+                        starts_in_reasoning(self.family, prompt))  # fmt: skip
+        params = await constrained(self.info, params, spec, json_format, "tool_choice" if spec.forced_tools() else "text.format")
+        shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
+        events = run_turn(self.scheduler, self.info, shape.id, input_ids, params, spec, body.stop_strings())
+        return await respond(request, events, bool(body.stream), shape.whole, shape.stream)
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def _usage(usage: Usage) -> dict:
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}  # fmt: skip
+
+
+def _message(item_id: str, text: str, status: str) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [part] if status == "completed" else []}
+
+
+def _reasoning(item_id: str, text: str) -> dict:
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _function_call(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+
+
+class ResponseShape:
+    def __init__(self, response_id: str, model: str, body: ResponsesRequest):
+        self.id, self.model, self.body = response_id, model, body
+        self.created_at = int(time.time())
+        self.sequence = 0
+
+    def _response(self, status: str, output: list[dict], end: TurnEnd | None = None) -> dict:
+        body = self.body
+        fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else {"type": "text"}
+        choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else (body.tool_choice or "auto")
+        response = {
+            "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
+            "incomplete_details": None, "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "model": self.model, "output": output, "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+            "temperature": body.temperature if body.temperature is not None else 1.0, "text": {"format": fmt},
+            "tool_choice": choice, "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+            "top_p": body.top_p if body.top_p is not None else 1.0, "truncation": "disabled", "usage": None,
+            "metadata": {},
+        }  # fmt: skip
+        if end is not None:
+            response["usage"] = _usage(end.usage)
+            response["timings"] = end.timing.as_dict() if end.timing else {}
+            if end.finish_reason == "length":
+                response["incomplete_details"] = {"reason": "max_output_tokens"}
+        return response
+
+    def whole(self, end: TurnEnd) -> dict:
+        output = []
+        if end.reasoning:
+            output.append(_reasoning(_item_id("rs"), end.reasoning))
+        if end.content or not end.tool_calls:
+            output.append(_message(_item_id("msg"), end.content, "completed"))
+        output += [_function_call(_item_id("fc"), c.id, c.name, c.arguments, "completed") for c in end.tool_calls]
+        return self._response("incomplete" if end.finish_reason == "length" else "completed", output, end)
+
+    def _event(self, name: str, payload: dict) -> str:
+        payload = {"type": name, "sequence_number": self.sequence, **payload}
+        self.sequence += 1
+        return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+    async def stream(self, events: AsyncIterator[TurnEvent]) -> AsyncIterator[str]:
+        yield self._event("response.created", {"response": self._response("in_progress", [])})
+        yield self._event("response.in_progress", {"response": self._response("in_progress", [])})
+        done: list[dict] = []  # finished output items
+        current: dict | None = None  # the item being written: {"kind", "id", "text", ...}
+
+        def close() -> list[str]:
+            nonlocal current
+            if current is None:
+                return []
+            item, current, index = current, None, len(done)
+            out = []
+            if item["kind"] == "message":
+                part = {"type": "output_text", "text": item["text"], "annotations": [], "logprobs": []}
+                out.append(self._event("response.output_text.done", {"item_id": item["id"], "output_index": index, "content_index": 0,
+                                                                     "text": item["text"], "logprobs": []}))  # fmt: skip
+                out.append(self._event("response.content_part.done", {"item_id": item["id"], "output_index": index,
+                                                                      "content_index": 0, "part": part}))  # fmt: skip
+                final = _message(item["id"], item["text"], "completed")
+            elif item["kind"] == "reasoning":
+                out.append(self._event("response.reasoning_text.done", {"item_id": item["id"], "output_index": index,
+                                                                        "content_index": 0, "text": item["text"]}))  # fmt: skip
+                final = _reasoning(item["id"], item["text"])
+            else:
+                out.append(self._event("response.function_call_arguments.done",
+                                       {"item_id": item["id"], "output_index": index, "arguments": item["text"]}))  # fmt: skip
+                final = _function_call(item["id"], item["call_id"], item["name"], item["text"], "completed")
+            out.append(self._event("response.output_item.done", {"output_index": index, "item": final}))
+            done.append(final)
+            return out
+
+        def open_item(kind: str, **extra) -> list[str]:
+            nonlocal current
+            out = close()
+            current = {"kind": kind, "id": _item_id({"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]),
+                       "text": "", **extra}  # fmt: skip
+            index = len(done)
+            if kind == "message":
+                item = _message(current["id"], "", "in_progress")
+            elif kind == "reasoning":
+                item = {"id": current["id"], "type": "reasoning", "summary": [], "content": []}
+            else:
+                item = _function_call(current["id"], extra["call_id"], extra["name"], "", "in_progress")
+            out.append(self._event("response.output_item.added", {"output_index": index, "item": item}))
+            if kind == "message":
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                out.append(self._event("response.content_part.added", {"item_id": current["id"], "output_index": index,
+                                                                       "content_index": 0, "part": part}))  # fmt: skip
+            return out
+
+        try:
+            async for event in events:
+                if isinstance(event, Reasoning):
+                    if current is None or current["kind"] != "reasoning":
+                        for line in open_item("reasoning"):
+                            yield line
+                    current["text"] += event.text
+                    yield self._event("response.reasoning_text.delta", {"item_id": current["id"], "output_index": len(done),
+                                                                        "content_index": 0, "delta": event.text})  # fmt: skip
+                elif isinstance(event, Content):
+                    if current is None or current["kind"] != "message":
+                        for line in open_item("message"):
+                            yield line
+                    current["text"] += event.text
+                    yield self._event("response.output_text.delta", {"item_id": current["id"], "output_index": len(done),
+                                                                     "content_index": 0, "delta": event.text, "logprobs": []})  # fmt: skip
+                elif isinstance(event, CallStart):
+                    for line in open_item("function_call", call_id=event.id, name=event.name):
+                        yield line
+                elif isinstance(event, CallArgs):
+                    current["text"] += event.fragment
+                    yield self._event("response.function_call_arguments.delta",
+                                      {"item_id": current["id"], "output_index": len(done), "delta": event.fragment})  # fmt: skip
+                elif isinstance(event, TurnEnd):
+                    if not done and current is None:  # an empty answer is still one (empty) message
+                        for line in open_item("message"):
+                            yield line
+                    for line in close():
+                        yield line
+                    status = "incomplete" if event.finish_reason == "length" else "completed"
+                    yield self._event(f"response.{status}", {"response": self._response(status, done, event)})
+        except Exception as exc:  # the stream has started: report in it
+            error = as_api_error(exc)
+            if error is None:
+                log.exception("stream %s failed", self.id)
+                error = APIError(500, "internal server error; the daemon's log has the details")
+            yield self._event("error", {"code": error.code, "message": error.message, "param": error.param})
+        finally:
+            await events.aclose()

@@ -1,0 +1,78 @@
+"""Saved KV prefixes (lingcode.engine.local.kv_store): a conversation's cache survives other requests.
+
+On the real engine: a long prompt A, an unrelated prompt B that overwrites the cache, then A
+extended: A's prefix is restored, so only the extension is prefilled, and the tokens generated
+are the same as without the interruption. On real KV caches: the store stays under its byte
+budget, dropping the least recently used, and a prefix that a newer one extends.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lingcode.engine import SamplingParams
+from lingcode.engine.local.kv_store import PrefixStore
+from lingcode.engine.local.model import KVCache
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+
+
+async def generate(engine, request_id: str, ids: list[int]) -> list[int]:
+    out = []
+    async for chunk in engine.generate(request_id, ids, GREEDY):
+        out += chunk.token_ids
+    return out
+
+
+async def test_a_prefix_survives_an_unrelated_request(engine):
+    encode = engine.info.tokenizer.encode
+    conversation = encode("A long agent conversation about refactoring the parser module of a compiler. " * 6)
+    unrelated = encode("def add(a, b):\n    return a + b\n" * 5)
+    extension = encode(" Next step: rename the visitor class.")
+
+    await generate(engine, "kv-a", conversation)
+    await generate(engine, "kv-b", unrelated)
+    before = engine.stats()["kv_store"]
+    answer = await generate(engine, "kv-a2", conversation + extension)
+    last, after = engine.stats()["last_request"], engine.stats()["kv_store"]
+    assert after["restores"] == before["restores"] + 1
+    assert last["cached_tokens"] >= len(conversation) and last["prefilled_tokens"] <= len(extension)
+
+    # The restored keys/values are the right ones: the same answer as from an empty cache.
+    await generate(engine, "kv-other", encode("Something else entirely, long enough to be worth saving. " * 4))
+    engine.kv_store.clear()  # forget saved prefixes: the next one is prefilled whole
+    fresh = await generate(engine, "kv-a3", conversation + extension)
+    assert engine.stats()["last_request"]["cached_tokens"] == 0
+    assert fresh == answer
+
+
+def caches(n_layers=2, max_len=256) -> list[KVCache]:
+    made = []
+    for _ in range(n_layers):
+        cache = KVCache(max_len, 2, 8, torch.float32, torch.device("cpu"))
+        cache.k.normal_()
+        cache.v.normal_()
+        made.append(cache)
+    return made
+
+
+def test_store_is_bounded_lru_and_restores_exact_values():
+    layers = caches()
+    per_token = sum(c.k[:, :, :1].nbytes * 2 for c in layers)
+    store = PrefixStore(max_bytes=per_token * 200)
+    a, b, c = list(range(100)), list(range(1000, 1090)), list(range(2000, 2080))
+    store.save(a, layers)
+    saved_k = layers[0].k[:, :, :100].clone()
+    store.save(b, layers)
+    assert store.stats()["entries"] == 2
+    store.save(c, layers)  # 270 tokens do not fit in 200: the oldest (a) goes
+    assert store.stats()["bytes"] <= store.max_bytes and store.stats()["evictions"] == 1
+    assert store.best_match(a + [5]) == (None, 0) and store.best_match(c[:50] + [5]) == (tuple(c), 50)
+
+    store = PrefixStore(max_bytes=per_token * 1000)
+    store.save(a, layers)
+    layers[0].k.zero_()
+    store.restore(tuple(a), 100, layers)
+    assert torch.equal(layers[0].k[:, :, :100], saved_k)
+    store.save(a + [7, 8, 9] * 20, layers)  # extends a: a is redundant now
+    assert store.stats()["entries"] == 1 and len(store.best_match(a)[0]) == 160
