@@ -47,7 +47,8 @@ TOOLS = {tool.name: tool for tool in [
                  glob={"type": "string", "description": "file name glob, such as *.py"}),
          "read", "path", files.grep),
     Tool("apply_edit", "Replace the one occurrence of old_text in a file with new_text.",
-         _object(["path", "old_text", "new_text"], path=_PATH, old_text={"type": "string"}, new_text={"type": "string"}),
+         _object(["path", "old_text", "new_text"], path=_PATH, old_text={"type": "string"},
+                 new_text={"type": "string"}),
          "write", "path", files.apply_edit),
     Tool("write_file", "Create or overwrite a text file.",
          _object(["path", "content"], path=_PATH, content={"type": "string"}), "write", "path", files.write_file),
@@ -87,7 +88,9 @@ class Call:
         unknown = set(args) - set(properties)
         missing = set(self.tool.parameters["required"]) - set(args)
         if unknown or missing:
-            raise ToolError(f"{self.name} takes {sorted(properties)}; missing {sorted(missing)}, unknown {sorted(unknown)}")
+            raise ToolError(
+                f"{self.name} takes {sorted(properties)}; missing {sorted(missing)}, unknown {sorted(unknown)}"
+            )
         return args
 
     def subject(self, workdir: Path) -> str:
