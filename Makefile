@@ -13,13 +13,13 @@ PYTEST_ARGS ?=
 # multi-GB CUDA build, while 2.13.0 (CPU) is on disk on these machines.
 TORCH := torch==2.13.0
 
-.PHONY: run test clean
+.PHONY: run test clean tmux-if-missing
 
 run: $(VENV)/.installed-run
 	$(BIN)/lingcode pull
 	exec $(BIN)/lingcode serve $(ARGS)
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test tmux-if-missing
 	$(BIN)/lingcode pull
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
@@ -35,6 +35,14 @@ $(VENV)/.installed-run: pyproject.toml $(VENV)/.torch
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $@
+
+# `lingcode chat` has one test that drives it inside tmux. Install tmux where we may (Debian or
+# Ubuntu, as root or with passwordless sudo); otherwise that test is skipped and says why.
+SUDO := $(shell test "$$(id -u)" -eq 0 || echo sudo -n)
+tmux-if-missing:
+	@command -v tmux >/dev/null || { command -v apt-get >/dev/null && \
+	  { $(SUDO) apt-get install -y -q tmux || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q tmux; }; }; } \
+	  || echo "tmux could not be installed: the tmux test of lingcode chat will be skipped"
 
 clean:
 	rm -rf $(VENV)

@@ -33,7 +33,9 @@ def test_the_database_is_wal_and_what_was_stored_is_seen_by_another_process_at_o
     other = sqlite3.connect(path)
     assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert other.execute("SELECT content, state FROM messages WHERE id = ?", (answer.id,)).fetchone() == (
-        "The answer so f", "streaming")
+        "The answer so f",
+        "streaming",
+    )
     assert other.execute("PRAGMA user_version").fetchone()[0] == 1
 
 
@@ -54,8 +56,10 @@ def test_model_messages_follow_clear_system_attachments_and_answer_every_tool_ca
     old = store.add(session.id, "user", "before /clear")
     session = store.update(session.id, context_start=old.id)
     store.add(session.id, "user", "look at @a.py", attachments=[{"path": "a.py", "text": "x = 1"}])
-    calls = [{"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}},
-             {"id": "c2", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]  # fmt: skip
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}},
+    ]
     store.add(session.id, "assistant", "", tool_calls=calls)
     store.add(session.id, "tool", "a.py", tool_call_id="c1")  # c2 never ran (the app was killed)
     store.add(session.id, "assistant", "partial", state="error", error="lost the daemon")

@@ -28,7 +28,10 @@ def project(tmp_path):
 
 def test_reads_list_and_grep_say_what_they_left_out(project):
     assert files.read_file(project, "src/app.py").splitlines() == [
-        "src/app.py: lines 1-2 of 2", "    1  def main():", "    2      return 1"]
+        "src/app.py: lines 1-2 of 2",
+        "    1  def main():",
+        "    2      return 1",
+    ]
     (project / "long.txt").write_text("".join(f"line {n}\n" for n in range(1, 1001)))
     first = files.read_file(project, "long.txt")
     assert first.splitlines()[0] == "long.txt: lines 1-400 of 1000 (more follows: call read_file with offset=401)"
@@ -37,8 +40,9 @@ def test_reads_list_and_grep_say_what_they_left_out(project):
     assert listing.splitlines()[1:] == [".git/", "src/", "README.md  (18 bytes)", "long.txt  (8893 bytes)"]
     found = files.grep(project, r"main")
     assert found.splitlines() == ["2 matches for 'main'", "README.md:2: main entry", "src/app.py:1: def main():"]
-    assert files.grep(project, "line", glob="*.txt").splitlines()[0].startswith(
-        "1000 matches for 'line' (first 100 shown")
+    assert (
+        files.grep(project, "line", glob="*.txt").splitlines()[0].startswith("1000 matches for 'line' (first 100 shown")
+    )
     with pytest.raises(ToolError, match="bad regular expression"):
         files.grep(project, "(")
     with pytest.raises(ToolError, match="does not exist"):
@@ -86,8 +90,9 @@ async def test_calls_are_checked_against_their_schema(project):
         Call("c4", "read_file", '{"path": ').args()
     with pytest.raises(ToolError, match="missing \\['path'\\]"):
         Call("c5", "read_file", '{"file": "x"}').args()
-    language, diff = Call("c6", "apply_edit", json.dumps(
-        {"path": "src/app.py", "old_text": "return 1", "new_text": "return 2"})).preview(project)
+    language, diff = Call(
+        "c6", "apply_edit", json.dumps({"path": "src/app.py", "old_text": "return 1", "new_text": "return 2"})
+    ).preview(project)
     assert language == "diff" and "+    return 2" in diff
     assert (project / "src" / "app.py").read_text().endswith("return 1\n")  # a preview changes nothing
 
@@ -126,7 +131,8 @@ def test_a_broken_rule_file_makes_everything_ask_and_says_why(tmp_path):
 def test_at_mentions_attach_files_whole_or_refuse(project):
     attachments, notes = attach("explain @src/app.py, and @missing.py or @src", project)
     assert attachments == [{"path": "src/app.py", "text": "def main():\n    return 1\n"}]
-    assert notes == ["@missing.py is not a file here; sent as plain text", "@src is a directory; only files are attached"]
+    assert notes == ["@missing.py is not a file here; sent as plain text",
+                     "@src is a directory; only files are attached"]  # fmt: skip
     (project / "big.txt").write_text("x" * 300_000)
     with pytest.raises(AttachError, match="over the 256000-byte limit"):
         attach("@big.txt", project)
@@ -167,5 +173,6 @@ def test_a_streamed_tool_call_is_put_back_together():
     reply = reader.result()
     assert reply.finish_reason == "tool_calls" and reply.text == ""
     assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [
-        ("call_DdmO9pD3xa9XTPNJ32zg2hcA", "get_weather", '{"location":"Paris"}')]
+        ("call_DdmO9pD3xa9XTPNJ32zg2hcA", "get_weather", '{"location":"Paris"}')
+    ]
     assert reply.usage["total_tokens"] == 17 and reply.timings == {"ttft_ms": 5.0}
