@@ -9,7 +9,8 @@ import signal
 import time
 
 import pytest
-from textual.widgets import DataTable, OptionList
+from textual.widgets import DataTable, Input, OptionList
+from textual.widgets.markdown import MarkdownFence
 from tui_support import SIZE, answered, chat_app, connected, finished_answers, idle, send, wait_until
 
 from lingcode.client import read_daemon_file
@@ -21,7 +22,7 @@ from lingcode.tui.tools.permissions import Permissions
 from lingcode.tui.widgets.message import MessageView, NoteView
 from lingcode.tui.widgets.permission import PermissionScreen
 from lingcode.tui.widgets.sessions import SessionsScreen
-from lingcode.tui.widgets.stats import StatsBar
+from lingcode.tui.widgets.stats import StatsBar, answer_line
 from lingcode.tui.widgets.tool_call import ToolCallView
 
 
@@ -47,7 +48,7 @@ def static_text(widget) -> str:
 
 
 async def test_a_question_streams_as_markdown_with_a_stats_line(home, store, tmp_path):
-    app = chat_app(store, tmp_path, max_tokens=16)
+    app = chat_app(store, tmp_path, max_tokens=24)
     async with app.run_test(size=SIZE) as pilot:
         await connected(pilot)
         before = (await app.link.client.get("/v1/lingcode/stats"))["engine"]
@@ -59,7 +60,7 @@ async def test_a_question_streams_as_markdown_with_a_stats_line(home, store, tmp
         view = app.query(MessageView).last()
         assert view.text == answer.content and view.body.source == answer.content  # the final text, set again
         timings, usage = answer.stats["timings"], answer.stats["usage"]
-        assert 0 < usage["completion_tokens"] <= 16 and timings["tokens_per_s"] > 0
+        assert 0 < usage["completion_tokens"] <= 24 and timings["tokens_per_s"] > 0
         footer = static_text(view.query_one(".footer"))
         assert f"ttft {timings['ttft_ms']:.0f} ms" in footer and f"{timings['tokens_per_s']:.1f} tok/s" in footer
         assert f"{usage['completion_tokens']} tokens" in footer
@@ -69,6 +70,25 @@ async def test_a_question_streams_as_markdown_with_a_stats_line(home, store, tmp
         after = (await app.link.client.get("/v1/lingcode/stats"))["engine"]
         assert after["finished"] == before["finished"] + 1
         assert app.session.title == "Write a Python function that reverses a string."
+
+        # The answer's code block is highlighted; a click copies it, and so does /copy.
+        fence = view.query_one(MarkdownFence)
+        assert "def " in fence.code
+        await pilot.click(fence)
+        assert app.clipboard == fence.code
+        app.copy_to_clipboard("")
+        await send(pilot, "/copy")
+        await pilot.pause()
+        assert app.clipboard == fence.code
+
+
+def test_the_stats_line_reads_the_daemons_timings():
+    stats = {
+        "timings": {"ttft_ms": 120.4, "tpot_ms": 8.0, "tokens_per_s": 125.0, "accept_length": 2.71},
+        "usage": {"prompt_tokens": 300, "completion_tokens": 64, "prompt_tokens_details": {"cached_tokens": 280}},
+    }
+    assert answer_line(stats) == ("ttft 120 ms · 125.0 tok/s · 8.0 ms/tok · 2.71 accepted/step · 64 tokens"
+                                  " · prompt 300 (280 cached)")  # fmt: skip
 
 
 async def test_esc_stops_the_answer_at_once_and_the_daemon_aborts_it(home, store, tmp_path):
@@ -147,6 +167,9 @@ async def test_slash_commands_complete_in_the_input_and_act(home, store, tmp_pat
         await send(pilot, f"/export {tmp_path / 'out.md'}")
         await pilot.pause()
         assert "Hello?" in (tmp_path / "out.md").read_text()
+        await send(pilot, "/stats")
+        await wait_until(pilot, lambda: "| engine.requests |" in notes(app)[-1], "the stats note")
+        assert notes(app)[-1].startswith("**This session**\n\n1 answers; mean ")
         await send(pilot, "/frobnicate")
         await pilot.pause()
         assert "unknown command /frobnicate; /help lists the commands" in notes(app)[-1]
@@ -162,6 +185,32 @@ async def test_slash_commands_complete_in_the_input_and_act(home, store, tmp_pat
         assert table.row_count == 1
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.session is not None and app.session.id == session.id, "the session to open")
+
+
+async def test_the_sessions_screen_renames_exports_and_deletes(home, store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    keep, drop = store.create(title="keep me"), store.create(title="drop me")
+    store.add(drop.id, "user", "bye")
+    app = chat_app(store, tmp_path, resume=drop.id)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionsScreen), "the sessions screen")
+        await pilot.press("r")
+        await wait_until(pilot, lambda: app.screen.query(Input), "the rename dialog")
+        app.screen.query_one(Input).value = "renamed"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: store.get(drop.id).title == "renamed", "the new title")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionsScreen), "the sessions screen")
+        await pilot.press("e")
+        await wait_until(pilot, lambda: (tmp_path / f"lingcode-session-{drop.id}.md").exists(), "the export")
+        assert "## You\n\nbye" in (tmp_path / f"lingcode-session-{drop.id}.md").read_text()
+        await pilot.press("d")
+        await pilot.pause()
+        await pilot.press("y")
+        await wait_until(pilot, lambda: store.get(drop.id) is None, "the deletion")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, SessionsScreen), "the chat screen")
+        assert app.session is None and [s.id for s in store.sessions()] == [keep.id]  # the open one was deleted
 
 
 async def test_the_palette_offers_the_same_commands(home, store, tmp_path):

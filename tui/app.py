@@ -20,6 +20,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.message import Message
 from textual.widgets import Footer, Header
 
 from lingcode.client import APIError, DaemonError
@@ -95,7 +96,6 @@ class ChatApp(CommandActions, App):
         return self.query_one(StatsBar)
 
     async def on_mount(self) -> None:
-        self.loop = asyncio.get_running_loop()
         self.chat.anchor()
         self.prompt.input.focus()
         if self.permissions.problem:
@@ -124,7 +124,7 @@ class ChatApp(CommandActions, App):
             await self.note(f"Could not reach or start the daemon: {e}", error=True)
             self.reconnect()
             return
-        await self.connected()
+        self.post_message(self.Connected())  # queued after the progress lines the thread posted
 
     @work(exclusive=True, group="link", exit_on_error=False)
     async def reconnect(self) -> None:
@@ -133,8 +133,12 @@ class ChatApp(CommandActions, App):
             self.stats_bar.set_link(f"daemon unreachable: retrying ({attempt}){queued}", "trouble")
 
         await self.link.reconnect(self.show_progress, waiting)
-        await self.connected()
+        self.post_message(self.Connected())  # queued after the progress lines the thread posted
 
+    class Connected(Message):
+        pass
+
+    @on(Connected)
     async def connected(self) -> None:
         self.stats_bar.set_link(f"● {self.link.model_id}", "ok")
         if self.progress_note is not None:
@@ -146,14 +150,18 @@ class ChatApp(CommandActions, App):
             self.waiting_for_daemon = False
             self.answer()
 
-    def show_progress(self, line: str) -> None:
-        """Called from the thread that starts the daemon, or from the loop: hand over to the loop."""
-        try:
-            self.loop.call_soon_threadsafe(lambda: self.run_worker(self._show_progress(line), group="progress"))
-        except RuntimeError:  # the app has closed
-            pass
+    class DaemonProgress(Message):
+        def __init__(self, line: str):
+            super().__init__()
+            self.line = line
 
-    async def _show_progress(self, line: str) -> None:
+    def show_progress(self, line: str) -> None:
+        """A line of the daemon's start-up log; called from the thread that starts it (post_message is thread-safe)."""
+        self.post_message(self.DaemonProgress(line))
+
+    @on(DaemonProgress)
+    async def _show_progress(self, event: DaemonProgress) -> None:
+        line = event.line
         self.progress = [*self.progress, line][-PROGRESS_LINES:]
         self.stats_bar.set_link(line[:60], "busy")
         if self.progress_note is None:
@@ -166,6 +174,7 @@ class ChatApp(CommandActions, App):
         return "**Starting the daemon**\n\n```text\n" + "\n".join(self.progress) + "\n```"
 
     def daemon_trouble(self, retry: bool) -> None:
+        self.link.mark_down()
         self.waiting_for_daemon = self.waiting_for_daemon or retry
         self.reconnect()
 
@@ -229,6 +238,9 @@ class ChatApp(CommandActions, App):
             await self.note(f"lingcode chat hit an internal error: {type(e).__name__}: {e}", error=True)
         finally:
             self.answering = False
+            if self.waiting_for_daemon and self.link.connected:  # it came back while this answer was ending
+                self.waiting_for_daemon = False
+                self.call_later(self.answer)
 
     async def stream_answer(self) -> Reply | None:
         if not self.link.connected:  # it dropped, maybe while a tool ran
@@ -424,6 +436,11 @@ class ChatApp(CommandActions, App):
         if estimate >= length:
             self.notify(f"This message may not fit: about {estimate} tokens against a context of {length}. "
                         "If it does not, the daemon refuses it (nothing is cut).", severity="warning")  # fmt: skip
+
+    @on(MessageView.CodeCopied)
+    def code_copied(self, event: MessageView.CodeCopied) -> None:
+        self.notify(f"copied {len(event.code.splitlines())} lines of code")
+        self.prompt.input.focus()
 
     async def note(self, text: str, *, error: bool = False) -> None:
         await self.chat.mount(NoteView(text, error=error))

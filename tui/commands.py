@@ -206,7 +206,8 @@ class CommandActions:
     async def command_copy(self, args: str) -> None:
         messages = self.store.messages(self.session.id) if self.session else []
         answers = [m for m in messages if m.role == "assistant" and m.content]
-        blocks = [t.content for t in MarkdownIt().parse(answers[-1].content) if t.type == "fence"] if answers else []
+        tokens = MarkdownIt().parse(answers[-1].content) if answers else []
+        blocks = [t.content.removesuffix("\n") for t in tokens if t.type == "fence"]
         if not blocks:
             await self.note("The last answer has no code block to copy.", error=True)
             return

@@ -12,7 +12,9 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from lingcode.client import Client, Daemon, DaemonError, ensure_daemon, is_healthy, read_daemon_file
+import httpx
+
+from lingcode.client import APIError, Client, Daemon, DaemonError, ensure_daemon, is_healthy, read_daemon_file
 
 START_AFTER_S = 3.0  # no daemon.json for this long: start a daemon ourselves
 
@@ -23,6 +25,7 @@ class DaemonLink:
         self.autostart = autostart
         self.daemon: Daemon | None = None
         self.client: Client | None = None
+        self._stale: list[Client] = []  # clients to close
         self.model_id = ""
         self.context_length = 0
 
@@ -46,8 +49,11 @@ class DaemonLink:
             if daemon is not None:
                 missing_since = None
                 if await _in_background_thread(is_healthy, daemon):
-                    await self._use(daemon)
-                    return
+                    try:
+                        await self._use(daemon)
+                        return
+                    except (APIError, httpx.HTTPError, LookupError, ValueError) as e:  # still starting, or odd
+                        on_progress(f"the daemon at {daemon.url} answered, but not yet usefully: {e}")
             elif self.autostart:
                 missing_since = missing_since or loop.time()
                 if loop.time() - missing_since >= START_AFTER_S:
@@ -59,10 +65,16 @@ class DaemonLink:
                         missing_since = None
             await asyncio.sleep(1.0)
 
+    def mark_down(self) -> None:
+        """Stop using the current daemon at once (a request to it failed); reconnect() finds one again."""
+        if self.client is not None:
+            self._stale.append(self.client)
+            self.client = None
+
     async def disconnect(self) -> None:
-        client, self.client = self.client, None
-        if client is not None:
-            await client.aclose()
+        self.mark_down()
+        while self._stale:
+            await self._stale.pop().aclose()
 
     async def _use(self, daemon: Daemon) -> None:
         client = Client(daemon)

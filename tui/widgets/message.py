@@ -12,6 +12,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.events import Click
+from textual.message import Message
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
@@ -68,6 +69,13 @@ class MessageView(Vertical):
         self.set_class(self.state == "error", "-error")
         return "  ·  ".join(p for p in parts if p)
 
+    class CodeCopied(Message):
+        """A click copied a code block; the app gives the focus back to the input."""
+
+        def __init__(self, code: str):
+            super().__init__()
+            self.code = code
+
     @on(Click)
     def copy_code_block(self, event: Click) -> None:
         node = event.widget
@@ -75,7 +83,7 @@ class MessageView(Vertical):
             node = node.parent
         if isinstance(node, MarkdownFence):
             self.app.copy_to_clipboard(node.code)
-            self.notify(f"copied {len(node.code.splitlines())} lines of code")
+            self.post_message(self.CodeCopied(node.code))
 
 
 class NoteView(Markdown):
