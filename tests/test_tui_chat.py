@@ -159,6 +159,11 @@ async def test_slash_commands_complete_in_the_input_and_act(home, store, tmp_pat
         await send(pilot, "Hello?")
         await answered(pilot)
         session = app.session
+        first_answer = store.messages(session.id)[-1]
+        await pilot.press("ctrl+r")  # /retry: the last message is answered again, in place of its answer
+        await wait_until(pilot, lambda: store.messages(session.id)[-1].id != first_answer.id, "the new answer")
+        await answered(pilot)
+        assert [m.role for m in store.messages(session.id)] == ["user", "assistant"]
         await send(pilot, "/clear")
         await pilot.pause()
         assert app.session.context_start == store.messages(session.id)[-1].id

@@ -21,6 +21,8 @@ def test_sessions_are_listed_renamed_and_deleted_with_their_messages(tmp_path):
     store.delete(first.id)
     assert store.get(first.id) is None and store.messages(first.id) == []
     assert [s.id for s in store.sessions()] == [second.id]
+    store.delete(second.id)
+    assert store.create().id > second.id  # ids are never reused: `--resume ID` never opens another session
 
 
 def test_the_database_is_wal_and_what_was_stored_is_seen_by_another_process_at_once(tmp_path):

@@ -162,9 +162,10 @@ class ChatApp(CommandActions, App):
     @on(DaemonProgress)
     async def _show_progress(self, event: DaemonProgress) -> None:
         line = event.line
-        self.progress = [*self.progress, line][-PROGRESS_LINES:]
+        fresh = self.progress_note is None  # a new start (a restart gets a note of its own)
+        self.progress = [*([] if fresh else self.progress), line][-PROGRESS_LINES:]
         self.stats_bar.set_link(line[:60], "busy")
-        if self.progress_note is None:
+        if fresh:
             self.progress_note = NoteView(self._progress_text())
             await self.chat.mount(self.progress_note)
         else:
@@ -292,6 +293,8 @@ class ChatApp(CommandActions, App):
         self.store.finish(message_id, state="done", content=reply.text, stats=stats,
                           tool_calls=tool_calls_json(reply.tool_calls) or None)  # fmt: skip
         await view.finish(reply.text, stats=stats)
+        if reply.tool_calls and not reply.text:
+            await view.remove()  # the calls show as their own blocks, with the answer's stats on the bar
         self.update_stats()
         return reply
 
@@ -300,7 +303,8 @@ class ChatApp(CommandActions, App):
         await view.finish(text, state="error", error=error)
 
     async def explain(self, error: APIError) -> None:
-        code = (error.body.get("error") or {}).get("code") if isinstance(error.body.get("error"), dict) else None
+        detail = error.body.get("error")
+        code = detail.get("code") if isinstance(detail, dict) else None
         if code == "context_length_exceeded":
             await self.note(f"The conversation does not fit the model's context ({self.link.context_length} tokens); "
                             "nothing was cut. /clear starts a fresh context in this session, /new a new session.",

@@ -18,7 +18,7 @@ from lingcode import paths
 MIGRATIONS = [
     """
     CREATE TABLE sessions (
-        id            INTEGER PRIMARY KEY,
+        id            INTEGER PRIMARY KEY AUTOINCREMENT, -- ids are never reused
         title         TEXT    NOT NULL DEFAULT '',
         system        TEXT    NOT NULL DEFAULT '',
         agent         INTEGER NOT NULL DEFAULT 0,
@@ -29,7 +29,7 @@ MIGRATIONS = [
         updated       REAL    NOT NULL
     );
     CREATE TABLE messages (
-        id           INTEGER PRIMARY KEY,
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
         session_id   INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
         role         TEXT    NOT NULL,               -- user | assistant | tool
         content      TEXT    NOT NULL DEFAULT '',
