@@ -12,6 +12,10 @@ PYTEST_ARGS ?=
 # torch is pinned here, not in pyproject.toml: a plain `torch` requirement would download a
 # multi-GB CUDA build, while 2.13.0 (CPU) is on disk on these machines.
 TORCH := torch==2.13.0
+# The SGLang contract test runs the launch profiles through SGLang's own argument parser. sglang's
+# declared dependencies are a CUDA stack, so it goes in without them, plus the few packages its
+# parser imports (tests/sglang-parser-requirements.txt). Keep in step with lingcode/sglang/profiles.py.
+SGLANG := sglang==0.5.23
 
 .PHONY: run test clean tmux-if-missing
 
@@ -19,7 +23,7 @@ run: $(VENV)/.installed-run
 	$(BIN)/lingcode pull
 	exec $(BIN)/lingcode serve $(ARGS)
 
-test: $(VENV)/.installed-test tmux-if-missing
+test: $(VENV)/.installed-test $(VENV)/.sglang-parser tmux-if-missing
 	$(BIN)/lingcode pull
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
@@ -34,6 +38,11 @@ $(VENV)/.installed-run: pyproject.toml $(VENV)/.torch
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
 	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+$(VENV)/.sglang-parser: tests/sglang-parser-requirements.txt Makefile $(VENV)/.torch
+	$(BIN)/python -m pip install --no-deps $(SGLANG)
+	$(BIN)/python -m pip install -r tests/sglang-parser-requirements.txt
 	touch $@
 
 # `lingcode chat` has one test that drives it inside tmux. Install tmux where we may (Debian or

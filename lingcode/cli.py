@@ -16,25 +16,73 @@ import sys
 from pathlib import Path
 
 from lingcode import __version__, models, paths
+from lingcode.engine import EngineStartError
 
 EXIT_USAGE = 2
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Resolve the model (pulling the default one if it is missing), then hand over to the daemon."""
-    model_path = models.ensure(args.model)
+    sglang = {}
+    if args.engine == "sglang":  # the model is a directory SGLang loads (default: the profile's)
+        model_path, model_name = args.model, None
+        sglang = {"engine_url": args.engine_url, "profile": args.profile}
+    elif args.engine_url or args.profile:
+        print("lingcode: --engine-url and --profile go with --engine sglang", file=sys.stderr)
+        return EXIT_USAGE
+    else:
+        model_path = models.ensure(args.model)
+        model_name = models.model_name(model_path)
     from lingcode.server.daemon import serve
 
     return serve(
         engine=args.engine,
         model_path=model_path,
-        model_name=models.model_name(model_path),
+        model_name=model_name,
         host=args.host,
         port=args.port,
         device=args.device,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        **sglang,
     )
+
+
+def cmd_sglang_args(args: argparse.Namespace) -> int:
+    """The resolved SGLang launch: profile + config.toml. JSON: {"argv": [...], "env": {...}}."""
+    from lingcode.sglang.profiles import resolve
+
+    profile = resolve(args.profile)
+    if args.json:
+        print(json.dumps({"argv": profile.argv, "env": profile.env}, indent=2))
+    else:
+        print(f"# {profile.name}: {profile.description}")
+        print(profile.shell())
+    return 0
+
+
+def cmd_lsp(args: argparse.Namespace) -> int:
+    """The language server on stdin/stdout; the serve options apply when it has to start a daemon."""
+    from lingcode.lsp.server import main as lsp_main
+
+    serve_args: list[str] = []
+    for option in ("engine", "model", "device", "port"):
+        if getattr(args, option) is not None:
+            serve_args += [f"--{option}", str(getattr(args, option))]
+    return lsp_main(serve_args, auto_start=not args.no_start)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`lingcode bench [options]` measures decode speed (lingcode/bench/decode.py); `lingcode bench NAME`
+    runs lingcode/bench/NAME.py. Each is imported only when run."""
+    import importlib
+
+    if args.bench is None:
+        from lingcode.bench import decode
+
+        args.argv = sys.argv[2:]
+        return decode.run(args)
+    return importlib.import_module(f"lingcode.bench.{args.bench}").main(args)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -98,6 +146,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("default model", f"{entry.name}: pulled, sha256 ok ({entry.path})")
 
     line("daemon", _daemon_status())
+
+    # The SGLang engine: informational (serve's default engine is the local one), exit code unchanged.
+    from rich.console import Console
+
+    from lingcode.sglang import doctor as sglang_doctor
+
+    sglang_doctor.print_report(Console(width=None if sys.stdout.isatty() else 200), args.profile)
     return 0 if ok else 1
 
 
@@ -163,11 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the daemon in the foreground",
         description="Run the daemon: an OpenAI-compatible HTTP API on loopback, guarded by a token.",
     )
-    serve.add_argument("--engine", choices=["local"], default="local",
-                       help="inference engine: 'local' is the embedded torch engine (default: local)")
+    serve.add_argument("--engine", choices=["local", "sglang"], default="local",
+                       help="inference engine: 'local' is the embedded torch engine; 'sglang' launches "
+                            "(or attaches to) SGLang with an SGLang profile, e.g. Ling-3.0-flash + DSpark "
+                            "on 4 GPUs (default: local)")
     serve.add_argument("--model", metavar="M", default=None,
                        help="catalog name, path to a .gguf file, or Hugging Face model directory "
                             f"(default: {models.DEFAULT_MODEL}, pulled if missing)")
+    serve.add_argument("--profile", metavar="P", default=None,
+                       help="--engine sglang: launch profile name or TOML file (default: [sglang] profile in "
+                            "config.toml, else ling-3.0-flash-dspark; `lingcode sglang-args` shows it)")
+    serve.add_argument("--engine-url", metavar="URL", default=None,
+                       help="--engine sglang: attach to an SGLang server already running at URL instead of "
+                            "launching one (off this machine it needs LINGCODE_SGLANG_API_KEY)")
     serve.add_argument("--host", metavar="H", default="127.0.0.1",
                        help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", metavar="N", type=_port, default=8377,
@@ -193,8 +256,64 @@ def build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=cmd_models)
 
     doctor = sub.add_parser("doctor", help="print versions, devices, directories and daemon state",
-                            description="Print what a bug report needs; exit 1 if serve would not work.")
+                            description="Print what a bug report needs; exit 1 if serve would not work. "
+                                        "Also tables every switch of the SGLang profile and the GPU environment.")
+    doctor.add_argument("--profile", metavar="P", default=None, help="the SGLang profile to check (default: the active one)")
     doctor.set_defaults(func=cmd_doctor)
+
+    sglang_args = sub.add_parser(
+        "sglang-args", help="print the SGLang launch command of a profile",
+        description="Print `python -m sglang.launch_server` with the resolved profile's flags and environment "
+                    "(the profile, then [sglang] in config.toml).",
+    )
+    sglang_args.add_argument("--profile", metavar="P", default=None,
+                             help="profile name or TOML file (default: the active one)")
+    sglang_args.add_argument("--json", action="store_true", help='print {"argv": [...], "env": {...}}')
+    sglang_args.set_defaults(func=cmd_sglang_args)
+
+    from lingcode.bench.decode import add_arguments as add_bench_arguments
+
+    bench = sub.add_parser(
+        "bench", help="measure batch-1 decode speed (TTFT, TPOT, tok/s, accepted tokens per step)",
+        description="Run named workloads at concurrency 1; speculation modes and peers side by side, alternating "
+                    "request by request. Writes JSON, Markdown and a PNG plot with --out.",
+    )  # fmt: skip
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench, bench=None)
+    benches = bench.add_subparsers(dest="bench", required=False, metavar="NAME",
+                                   title="other benchmarks (lingcode bench NAME --help)")  # fmt: skip
+    lsp = sub.add_parser(
+        "lsp", help="run the language server (stdio) for editor completions",
+        description="Language server over stdin/stdout: inline completions and completion items from the "
+                    "daemon. With no daemon running it starts one (detached), with these options.",
+    )  # fmt: skip
+    lsp.add_argument("--engine", default=None, help="engine for a daemon it starts (see `serve --help`)")
+    lsp.add_argument("--model", metavar="M", default=None, help="model for a daemon it starts")
+    lsp.add_argument("--device", default=None, help="device for a daemon it starts")
+    lsp.add_argument("--port", metavar="N", type=_port, default=None, help="port for a daemon it starts")
+    lsp.add_argument("--no-start", action="store_true", help="never start a daemon; use a running one")
+    lsp.set_defaults(func=cmd_lsp)
+
+    bench_lsp = benches.add_parser(
+        "lsp", help="replay typing through a file against `lingcode lsp`: keystroke-to-suggestion latency",
+        description="Types a real Python file of this repo character by character into `lingcode lsp` (a real "
+                    "server process and daemon), asking for an inline completion after each keystroke. Reports "
+                    "p50/p95 keystroke-to-suggestion for fresh suggestions and typed-ahead hits, the hit rate, "
+                    "and tokens prefilled per request.",
+    )  # fmt: skip
+    bench_lsp.add_argument("--file", type=Path, default=None,
+                           help="file to type through (default: lingcode/scheduler.py of this installation)")
+    bench_lsp.add_argument("--start-line", type=int, default=None,
+                           help="line where typing starts (default: a third into the file)")
+    bench_lsp.add_argument("--chars", type=_positive, default=300, help="characters to type (default: 300)")
+    bench_lsp.add_argument("--max-tokens", type=_positive, default=None, help="the LSP's maxTokens setting")
+    bench_lsp.add_argument("--time-budget-ms", type=float, default=None, help="the LSP's timeBudgetMs setting")
+    bench_lsp.add_argument("--model", default=None, help="model for a daemon the LSP starts")
+    bench_lsp.add_argument("--device", default=None, help="device for a daemon the LSP starts")
+    bench_lsp.add_argument("--port", type=_port, default=None, help="port for a daemon the LSP starts (0: any free)")
+    bench_lsp.add_argument("--out", type=Path, default=None, metavar="DIR",
+                           help="write the table (.md) and every keystroke (.json) under DIR, e.g. bench/results")
+    bench_lsp.set_defaults(func=cmd_bench)
 
     chat = sub.add_parser("chat", help="chat with the model, or let it work as an agent, in the terminal",
                           description="The terminal chat: streamed Markdown, sessions, slash commands, agent mode. "
@@ -218,11 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (models.ModelNotFound, models.PullError) as e:
+    except (models.ModelNotFound, models.PullError, EngineStartError) as e:
         print(f"lingcode: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

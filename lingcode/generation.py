@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Protocol, Sequence
 
 from lingcode.detokenize import IncrementalDetokenizer
 from lingcode.engine import SamplingParams
-from lingcode.scheduler import Scheduler
+from lingcode.scheduler import Priority, Scheduler
 from lingcode.stops import StopMatcher
 from lingcode.tokenizer import Tokenizer
 
@@ -56,6 +56,17 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+class TextCut(Protocol):
+    """Where a generation's text ends, decided as it streams (StopMatcher is one; the editor
+    completion cut rules, lingcode.completion_cuts, are another)."""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """New text -> (text safe to emit now, whether the text ends here)."""
+
+    def flush(self) -> str:
+        """At the end of the generation: what was held back."""
+
+
 @dataclass
 class TextChunk:
     text: str
@@ -72,19 +83,28 @@ async def generate_text(
     input_ids: list[int],
     params: SamplingParams,
     stop: Sequence[str] = (),
+    *,
+    cut: TextCut | None = None,
+    priority: Priority = Priority.NORMAL,
+    latest_wins: str | None = None,
 ) -> AsyncIterator[TextChunk]:
-    """Stream a request's text. Closing this iterator early aborts the request in the engine."""
+    """Stream a request's text. Closing this iterator early aborts the request in the engine.
+
+    `cut` ends the text where the caller's rule says, after the stop strings; `priority` and
+    `latest_wins` go to the scheduler.
+    """
     end_ids = frozenset(params.stop_token_ids) | (
         frozenset() if params.ignore_eos else frozenset(scheduler.engine.info.eos_token_ids)
     )
     detok = IncrementalDetokenizer(tokenizer, skip_ids=end_ids)
-    stops = StopMatcher(list(stop))
+    cuts: list[TextCut] = [StopMatcher(list(stop))] + ([cut] if cut is not None else [])
     start = time.perf_counter()
     first_token_at = None
     n_tokens = cached = 0
     accept_length = None
     text, last_ids, finish = "", [], None
-    async with aclosing(scheduler.generate(request_id, input_ids, params)) as chunks:
+    chunks = scheduler.generate(request_id, input_ids, params, priority=priority, latest_wins=latest_wins)
+    async with aclosing(chunks):
         async for chunk in chunks:
             if chunk.token_ids and first_token_at is None:
                 first_token_at = time.perf_counter()
@@ -94,13 +114,17 @@ async def generate_text(
             if chunk.spec_accept_length is not None:
                 accept_length = chunk.spec_accept_length
             text = detok.add(chunk.token_ids)
-            if chunk.finish_reason is not None:
+            ending = chunk.finish_reason is not None
+            if ending:
                 text += detok.flush()
-            text, hit = stops.feed(text)
+            hit = False
+            for each in cuts:  # what a cut holds back lies after an earlier cut's end: it is dropped
+                text, hit_here = each.feed(text)
+                if (ending or hit) and not hit_here:
+                    text += each.flush()
+                hit = hit or hit_here
             finish = "stop" if hit else chunk.finish_reason
             if finish is not None:
-                if not hit:
-                    text += stops.flush()
                 break  # leaving the block closes the stream: a stop-string hit aborts the engine
             if text:
                 yield TextChunk(text, chunk.token_ids)

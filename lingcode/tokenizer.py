@@ -46,6 +46,7 @@ class Tokenizer:
         self.special_ids = frozenset(
             i for i, tok in hf.get_added_tokens_decoder().items() if tok.special
         )
+        self._plain: HFTokenizer | None = None  # built on first encode_text()
 
     @classmethod
     def from_gguf_fields(cls, fields: dict) -> "Tokenizer":
@@ -74,6 +75,15 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Like encode(), but special-token text stays text: for user content (a file that
+        mentions `<file_sep>` must not inject that token into a completion prompt)."""
+        if self._plain is None:
+            plain = HFTokenizer.from_str(self.hf.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -5,6 +5,7 @@
     POST /v1/chat/completions    chat, streamed (SSE) or not
     POST /v1/completions         plain prompts (and fill-in-the-middle where the model has it)
     GET  /v1/lingcode/stats      the engine's and the scheduler's counters
+    POST /v1/lingcode/complete   code completion at a cursor, for editors (server/completion_routes.py)
 
 create_app() takes what it serves as arguments, so the daemon (server/daemon.py) and tests build
 it the same way.
@@ -22,6 +23,7 @@ from lingcode.scheduler import Scheduler
 from lingcode.server import errors
 from lingcode.server.auth import TokenAuth
 from lingcode.server.body import MAX_BODY_BYTES
+from lingcode.server.completion_routes import CompletionRoutes
 from lingcode.server.openai_routes import OpenAIRoutes
 
 
@@ -51,9 +53,12 @@ def create_app(
                                   param="model", code="model_not_found")  # fmt: skip
         return model
 
+    completions = CompletionRoutes(scheduler, info, model_id, max_body_bytes)
+
     @app.get("/v1/lingcode/stats")
     async def stats() -> dict:
-        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats()}
+        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": completions.stats()}
 
     OpenAIRoutes(scheduler, info, model_id, max_body_bytes).install(app)
+    completions.install(app)
     return app

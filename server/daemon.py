@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from lingcode import __version__, paths
+from lingcode.engine import EngineStartError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGTERM
@@ -173,10 +174,16 @@ def serve(
     device: str,
     max_queue: int,
     log_level: str,
+    engine_url: str | None = None,
+    profile: str | None = None,
 ) -> int:
-    """Run the daemon until Ctrl+C or SIGTERM; the process exit code."""
-    if engine != "local":
-        return _fail(f"engine {engine!r} is not available; this version has the embedded 'local' engine", EXIT_USAGE)
+    """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
+
+    engine "sglang": `model_path` is the model directory (None: the profile's), `profile` the
+    SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
+    """
+    if engine not in ("local", "sglang"):
+        return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
     daemon_file = paths.daemon_file()
     if (other := running_daemon(daemon_file)) is not None:
         return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']}; stop it first "
@@ -191,20 +198,31 @@ def serve(
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 
-    _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
     started = time.perf_counter()
     try:
-        from lingcode.engine.local import load_engine
+        if engine == "sglang":
+            from lingcode.sglang.engine import open_engine
 
-        local_engine = load_engine(Path(model_path), device=device)
+            # Preflight first (GPUs, interpreter, model directory): a problem is one line, at once.
+            local_engine = open_engine(model_path, engine_url=engine_url, profile=profile, name=model_name, say=_say)
+        else:
+            _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
+            from lingcode.engine.local import load_engine
+
+            local_engine = load_engine(Path(model_path), device=device)
     except KeyboardInterrupt:
         sock.close()
         return 130
+    except EngineStartError as exc:  # no GPU, no model directory, SGLang died while loading: one line
+        sock.close()
+        return _fail(str(exc), EXIT_USAGE)
     except Exception as exc:  # a bad file, an unsupported architecture, no CUDA: say so, no traceback
         sock.close()
         return _fail(f"could not load {model_path}: {type(exc).__name__}: {exc}")
     info = local_engine.info
-    where = " ".join(str(info.extra[k]) for k in ("device", "dtype") if k in info.extra) or device
+    model_name = model_name or info.name
+    model_path = model_path or info.extra.get("model_path")
+    where = " ".join(str(info.extra[k]) for k in ("device", "dtype") if k in info.extra) or info.extra.get("url", device)
     _say(f"loaded {model_name} in {time.perf_counter() - started:.1f} s ({where}, "
          f"{info.context_length} tokens of context)")  # fmt: skip
 

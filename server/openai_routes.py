@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams
+from lingcode.engine import ContextOverflow, EngineError, EngineUnavailable, ModelInfo, SamplingParams
 from lingcode.generation import TextChunk, generate_text
 from lingcode.scheduler import QueueFull, Scheduler
 from lingcode.server import inputs
@@ -40,6 +40,8 @@ def as_api_error(exc: BaseException) -> APIError | None:
         return APIError(429, str(exc), code="queue_full", headers={"Retry-After": RETRY_AFTER_S})
     if isinstance(exc, ContextOverflow):
         return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, EngineUnavailable):  # e.g. SGLang restarting after a crash
+        return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": RETRY_AFTER_S})
     if isinstance(exc, EngineError):
         return APIError(500, str(exc), code="engine_error")
     return None

@@ -74,11 +74,12 @@ def test_a_running_daemon_is_not_started_twice(daemon, monkeypatch, capsys, tmp_
     assert daemon.daemon_file.exists()  # the running daemon's file is untouched
 
 
-def test_unknown_engine_is_a_usage_error(tmp_path, monkeypatch):
+def test_unknown_engine_is_a_usage_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LINGCODE_HOME", str(tmp_path))
-    code = d.serve(engine="sglang", model_path=tmp_path / "m.gguf", model_name="m", host="127.0.0.1",
+    code = d.serve(engine="vllm", model_path=tmp_path / "m.gguf", model_name="m", host="127.0.0.1",
                    port=0, device="cpu", max_queue=1, log_level="warning")  # fmt: skip
     assert code == 2
+    assert "engine 'vllm' is not available" in capsys.readouterr().err
 
 
 def test_port_zero_binds_a_free_port_and_a_busy_port_fails():

@@ -22,7 +22,7 @@ class EngineError(RuntimeError):
 
 class EngineStartError(RuntimeError):
     """The engine cannot start here (no GPU, a missing model, a bad profile): str() is one line
-    that says what to do, printed without a traceback."""
+    that says what to do, printed without a traceback (exit status 2, like other usage errors)."""
 
 
 class EngineUnavailable(EngineError):

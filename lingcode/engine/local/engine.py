@@ -22,8 +22,12 @@ from typing import AsyncIterator
 import torch
 
 from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
+from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
+from lingcode.engine.local.speculative import (
+    DraftLength, Drafter, EarlyExitDrafter, NGramDrafter, verify_greedy, verify_sampled,
+)  # fmt: skip
 from lingcode.engine.local.weights import Checkpoint
 
 PREFILL_CHUNK = 512  # prompt tokens per forward while prefilling
@@ -48,11 +52,17 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class LocalEngine:
-    def __init__(self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
+        cuda_graphs: bool = True, compile: bool = False,
+    ):  # fmt: skip
         cfg = checkpoint.config
+        self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
+        self.draft_length = DraftLength()
         self.device, self.dtype = device, dtype
         self.model = Transformer.from_weights(cfg, checkpoint.weights, dtype, device)
         self.model.setup_cache(cfg.context_length)
+        self.graphs = GraphRunner(self.model, compile=compile) if device.type == "cuda" and cuda_graphs else None
         self.info = ModelInfo(
             name=checkpoint.name,
             context_length=cfg.context_length,
@@ -61,17 +71,29 @@ class LocalEngine:
             chat_template=checkpoint.chat_template,
             bos_token=checkpoint.bos_token,
             eos_token=checkpoint.eos_token,
-            extra={"engine": "local", "device": str(device), "dtype": str(dtype).removeprefix("torch.")},
+            extra={"engine": "local", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                   "speculation": speculation},  # fmt: skip
         )
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingcode-engine")
         self._requests: dict[str, _Request] = {}
         self._cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self._counters = dict.fromkeys(
             ("requests", "finished", "aborted", "errors", "prompt_tokens", "cached_tokens",
-             "prefilled_tokens", "generated_tokens", "forward_passes"), 0
+             "prefilled_tokens", "generated_tokens", "forward_passes", "decode_steps", "draft_tokens",
+             "accepted_draft_tokens", "host_waits"), 0
         )  # fmt: skip
         self._last: dict = {}
         self._running: str | None = None
+
+    def set_speculation(self, speculation: str) -> None:
+        """Switch drafting for the requests that start from now on ("off", "ngram", "early-exit:L")."""
+        self.speculation, self.draft_layers = parse_speculation(speculation, self.model.cfg.n_layers)
+        self.draft_length = DraftLength()
+        self.info.extra["speculation"] = speculation
+
+    def reset_cache(self) -> None:
+        """Forget the cached prefix (benchmarks: every variant starts from a cold cache)."""
+        self._cached_ids.clear()
 
     # --- the Engine interface -----------------------------------------------------------------
 
@@ -131,13 +153,39 @@ class LocalEngine:
         finally:
             self._running = None
 
-    def _forward(self, ids: list[int], start: int) -> torch.Tensor:
-        tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+    def _forward(self, ids: list[int], start: int, all_logits: bool = False) -> torch.Tensor:
+        """Feed ids at positions start..; logits of the last position [V] (or of every one [T, V])."""
         del self._cached_ids[start:]
-        logits = self.model(tokens, start)
+        width = self.graphs.width_for(len(ids)) if self.graphs is not None else None
+        if width is not None and start + width <= self.model.max_len:
+            # Pad to a captured width; padded positions write cache entries no one reads as valid.
+            padded = ids + ids[-1:] * (width - len(ids))
+            staging = self.graphs.staging  # pinned; free to reuse: every host-loop step ends in a read
+            staging[:width] = torch.tensor(padded)
+            self.graphs.tokens[0, :width].copy_(staging[:width], non_blocking=True)
+            torch.arange(start, start + width, out=self.graphs.positions[:width])
+            logits = self.graphs.replay(width, start + width)[: len(ids)]
+        else:
+            tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
+            logits = self.model(tokens, start, all_logits=all_logits)[0]  # [T, V] or [1, V]
         self._cached_ids.extend(ids)
         self._counters["forward_passes"] += 1
-        return logits[0, -1]
+        return logits if all_logits else logits[-1]
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
+        if params.constraint is not None:
+            params.constraint.mask_logits(logits)
+        token = int(sample(logits, params, generator))  # one host read per step
+        if params.constraint is not None:
+            params.constraint.accept(token)
+        return token
+
+    def _drafter(self, params: SamplingParams) -> Drafter | None:
+        if self.speculation == "off" or params.constraint is not None:
+            return None  # a grammar would have to roll drafts back too: one token per step instead
+        if self.speculation == "ngram":
+            return NGramDrafter()
+        return EarlyExitDrafter(self.model, self.draft_layers, self.device)
 
     def _decode(self, req: _Request) -> None:
         params, ids = req.params, req.input_ids
@@ -162,39 +210,116 @@ class LocalEngine:
                 break
             logits = self._forward(ids[start : start + PREFILL_CHUNK], start)
         prefill_ms = (time.perf_counter() - t0) * 1e3
+
+        drafter = self._drafter(params)
+        if drafter is not None:
+            drafter.start(ids)
         generated: list[int] = []
-        finish = None
+        steps = drafted = accepted = 0
+        finish = "abort" if req.aborted.is_set() else None
+        if finish is None and self.graphs is not None and drafter is None and params.constraint is None:
+            finish, steps = self._pipelined_loop(req, logits, generated, stop_ids, max_new, generator, cached)
+        new = [] if finish else [self._choose(logits, params, generator)]
         while finish is None:
+            new, finish = self._take(new, generated, stop_ids, max_new, params)
+            accept_length = (len(generated) - 1) / steps if drafter is not None and steps else None
+            req.emit(TokenChunk(new, finish, len(ids), cached, accept_length if finish else None))
+            if finish is not None:
+                break
             if req.aborted.is_set():
                 finish = "abort"
                 break
-            if params.constraint is not None:
-                params.constraint.mask_logits(logits)
-            token = int(sample(logits, params, generator))  # one host read per step (issue 7 removes it)
-            generated.append(token)
-            if params.constraint is not None:
-                params.constraint.accept(token)
-            if token in stop_ids or (params.constraint is not None and params.constraint.is_terminated()):
-                finish = "stop"
-            elif len(generated) >= max_new:
-                finish = "length"
-            req.emit(TokenChunk([token], finish, len(ids), cached))
-            if finish is None:
-                logits = self._forward([token], len(ids) + len(generated) - 1)
-                if req.aborted.is_set():
-                    req.steps_after_abort += 1
+            pos = len(ids) + len(generated) - 1  # the pending token: emitted, not fed yet
+            draft, draft_probs = [], None
+            if drafter is not None:
+                drafter.extend(new)
+                draft, draft_probs = drafter.propose(self.draft_length.k)
+                if self.graphs is not None:  # stay within the captured verify widths
+                    draft = draft[: self.graphs.widths[-1] - 1]
+            draft = draft[: max_new - len(generated)]
+            if draft:
+                logits = self._forward([generated[-1], *draft], pos, all_logits=True)
+                if params.greedy:
+                    new = verify_greedy(logits, draft)
+                else:
+                    new = verify_sampled(logits, draft, draft_probs, params, generator)
+                del self._cached_ids[pos + len(new) :]  # keys/values of rejected drafts are stale
+                drafted += len(draft)
+                accepted += len(new) - 1
+                self.draft_length.update(len(draft), len(new) - 1)
+            else:
+                new = [self._choose(self._forward([generated[-1]], pos), params, generator)]
+            steps += 1
+            if req.aborted.is_set():
+                req.steps_after_abort += 1
         if finish == "abort":
             req.emit(TokenChunk([], "abort", len(ids), cached))
             counters["aborted"] += 1
         else:
             counters["finished"] += 1
         counters["generated_tokens"] += len(generated)
+        counters["decode_steps"] += steps
+        counters["draft_tokens"] += drafted
+        counters["accepted_draft_tokens"] += accepted
         self._last = {
             "request_id": req.request_id, "prompt_tokens": len(ids), "cached_tokens": cached,
             "prefilled_tokens": len(ids) - cached, "generated_tokens": len(generated), "finish_reason": finish,
             "steps_after_abort": req.steps_after_abort, "prefill_ms": round(prefill_ms, 3),
-            "decode_ms": round((time.perf_counter() - t0) * 1e3 - prefill_ms, 3),
+            "decode_ms": round((time.perf_counter() - t0) * 1e3 - prefill_ms, 3), "decode_steps": steps,
+            "draft_tokens": drafted, "accepted_draft_tokens": accepted,
+            "accept_length": round((len(generated) - 1) / steps, 3) if steps else None,
         }  # fmt: skip
+
+    def _pipelined_loop(self, req, logits, generated, stop_ids, max_new, generator, cached) -> tuple[str, int]:
+        """Plain decoding on the GPU with no host wait on the critical path.
+
+        The sampled token stays on the device and feeds the next step directly; step k+1 is
+        enqueued before the host reads step k's token, which comes back through one non-blocking
+        copy into pinned memory. The host's Python (stop checks, streaming) then overlaps the GPU's
+        work instead of idling it. A token read after a stop costs one wasted step, never a wrong one.
+        """
+        params, n_prompt = req.params, len(req.input_ids)
+        runner = self.graphs
+        host, ready = runner.readback, runner.ready  # allocated once: pinned allocations are slow
+        token = sample(logits, params, generator).view(1)
+        host[0:1].copy_(token, non_blocking=True)
+        ready[0].record()
+        finish, step, replays, pos = None, 0, 0, n_prompt  # pos: where the token being read will sit
+        while finish is None:
+            fed = len(generated) + 1 < max_new
+            if fed:  # enqueue the next step before reading this one's token
+                runner.tokens[0, :1].copy_(token)
+                runner.positions[:1].fill_(pos)
+                token = sample(runner.replay(1, pos + 1)[0], params, generator).view(1)
+                slot = (step + 1) % 2
+                host[slot : slot + 1].copy_(token, non_blocking=True)
+                ready[slot].record()
+                replays += 1
+            ready[step % 2].synchronize()  # waits for step k only: step k+1 is already queued behind it
+            self._counters["host_waits"] += 1
+            value = int(host[step % 2])
+            if fed:
+                self._cached_ids.append(value)
+                self._counters["forward_passes"] += 1
+            new, finish = self._take([value], generated, stop_ids, max_new, params)
+            req.emit(TokenChunk(new, finish, n_prompt, cached))
+            if finish is None and req.aborted.is_set():
+                finish = "abort"
+                req.steps_after_abort = int(fed)  # at most the one step already queued
+            step += 1
+            pos += 1
+        return finish, replays
+
+    @staticmethod
+    def _take(new, generated, stop_ids, max_new, params) -> tuple[list[int], str | None]:
+        """Append the step's tokens up to the first stop token or the length limit."""
+        for i, token in enumerate(new):
+            generated.append(token)
+            if token in stop_ids or (params.constraint is not None and params.constraint.is_terminated()):
+                return new[: i + 1], "stop"
+            if len(generated) >= max_new:
+                return new[: i + 1], "length"
+        return new, None
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -205,10 +330,22 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def load_engine(model_path, device: str = "auto") -> LocalEngine:
-    """Load a GGUF file or Hugging Face directory: f32 on the CPU, bf16 on a GPU."""
+def parse_speculation(spec: str, n_layers: int) -> tuple[str, int]:
+    """"off", "ngram" (prompt lookup) or "early-exit:L" (the target's first L layers as the draft model)."""
+    if spec in ("off", "ngram"):
+        return spec, 0
+    name, _, layers = spec.partition(":")
+    if name == "early-exit" and layers.isdigit() and 0 < int(layers) < n_layers:
+        return name, int(layers)
+    raise ValueError(f"speculation {spec!r}: use off, ngram or early-exit:L with 0 < L < {n_layers}")
+
+
+def load_engine(
+    model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True, compile: bool = False
+) -> LocalEngine:
+    """Load a GGUF file or Hugging Face directory: f32 on the CPU, bf16 on a GPU (CUDA graphs on)."""
     from lingcode.engine.local.weights import load_checkpoint
 
     dev = pick_device(device)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    return LocalEngine(load_checkpoint(model_path), dev, dtype)
+    return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile)

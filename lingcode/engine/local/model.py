@@ -33,11 +33,16 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def update(self, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        end = start + k.shape[2]
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
+    def update(self, where: int | Tensor, k: Tensor, v: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
+        """Write k, v at positions `where` (a start, or a tensor of positions: no host value, so a
+        CUDA graph can replay it); return the first kv_len entries to attend over."""
+        if isinstance(where, int):
+            self.k[:, :, where : where + k.shape[2]] = k
+            self.v[:, :, where : where + k.shape[2]] = v
+        else:
+            self.k.index_copy_(2, where, k)
+            self.v.index_copy_(2, where, v)
+        return self.k[:, :, :kv_len], self.v[:, :, :kv_len]
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -55,7 +60,7 @@ class Attention(nn.Module):
         self.split = (q, kv, kv)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, start: int, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, where, kv_len: int, mask: Tensor | None) -> Tensor:
         _, t, _ = x.shape
         q, k, v = self.wqkv(x).split(self.split, dim=-1)
         q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
@@ -63,7 +68,7 @@ class Attention(nn.Module):
         v = v.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k, v = self.kv_cache.update(start, k, v)
+        k, v = self.kv_cache.update(where, k, v, kv_len)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(1, t, -1))
 
@@ -87,8 +92,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, start: int, mask: Tensor | None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, start, mask)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, where, kv_len: int, mask: Tensor | None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, where, kv_len, mask)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -135,8 +140,12 @@ class Transformer(nn.Module):
         self.rope_sin = angles.sin().to(device=weight.device, dtype=weight.dtype)
         self.max_len = max_len
 
-    def forward(self, tokens: Tensor, start: int, all_logits: bool = False) -> Tensor:
-        """Feed tokens [1, T] at positions start..start+T-1; logits of the last (or every) position."""
+    def forward(self, tokens: Tensor, start: int, all_logits: bool = False, n_layers: int | None = None) -> Tensor:
+        """Feed tokens [1, T] at positions start..start+T-1; logits of the last (or every) position.
+
+        n_layers: run only the first n layers (an early-exit draft; it writes those layers' cache
+        entries, which the full forward that verifies the draft then overwrites with the same values).
+        """
         t = tokens.shape[1]
         end = start + t
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
@@ -145,7 +154,21 @@ class Transformer(nn.Module):
             positions = torch.arange(end, device=tokens.device)
             mask = positions[None, :] <= positions[start:end, None]
         x = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            x = layer(x, cos, sin, start, mask)
+        for layer in self.layers[:n_layers]:
+            x = layer(x, cos, sin, start, end, mask)
         x = self.norm(x if all_logits else x[:, -1:])
         return self.output(x)
+
+    def forward_static(self, tokens: Tensor, positions: Tensor, kv_len: int) -> Tensor:
+        """The same forward with every shape fixed and no host values: what a CUDA graph captures.
+
+        tokens [1, W] at positions [W] (device tensors), attending over the first kv_len cache
+        entries (a bucket >= the last position + 1; entries past a query's position are masked).
+        Returns the logits of all W positions [1, W, V].
+        """
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        mask = torch.arange(kv_len, device=tokens.device)[None, :] <= positions[:, None]
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin, positions, kv_len, mask)
+        return self.output(self.norm(x))

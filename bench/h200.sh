@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One whole H200 measurement in one invocation (< 10 minutes): the GPU tests of the embedded
+# engine, then `lingcode bench` with speculation modes and transformers side by side.
+# Run from the repo root on the GPU machine: bench/h200.sh OUTDIR
+# Needs: the default model's GGUF at $LINGCODE_MODEL, and these wheels importable (the machine
+# has torch, transformers, tokenizers, numpy, jinja2, rich, matplotlib): gguf, platformdirs,
+# pytest>=8.2 and pytest-asyncio.
+set -uo pipefail
+out=${1:-bench/results}
+mkdir -p "$out"
+export LINGCODE_HOME=${LINGCODE_HOME:-/tmp/lingcode-home}
+mkdir -p "$LINGCODE_HOME/cache/models"
+ln -sf "$LINGCODE_MODEL" "$LINGCODE_HOME/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$out/gpu.txt"
+
+echo "== GPU tests"
+python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt"
+
+echo "== bench"
+stamp=$(date -u +%Y-%m-%d)
+python3 -m lingcode bench --device cuda --workload random,chat,code-edit --speculation off,ngram \
+  --peers transformers-eager,transformers-static --requests 3 --max-tokens 256 \
+  --out "$out/h200-$stamp" 2>&1 | grep -v '━' | tee "$out/bench.txt"

@@ -1,0 +1,71 @@
+"""CUDA graphs for the decode and verify steps: one replay instead of hundreds of kernel launches.
+
+At batch 1 a 30-layer step is launch-bound: the GPU finishes each small kernel before the host
+has issued the next. A graph replays the whole step from one launch. Shapes must be fixed, so we
+capture one graph per (width, cache bucket): width 1 for plain decode, a few verify widths for
+speculation (drafts are padded up to the next captured width), and cache buckets so that a short
+context does not attend over all 8192 positions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+
+import torch
+
+from lingcode.engine.local.model import Transformer
+
+WIDTHS = (1, 2, 4, 8)  # verify widths: pending token + up to 7 drafts
+BUCKETS = (256, 512, 1024, 2048, 4096, 8192)
+
+
+class GraphRunner:
+    """Static input buffers, captured graphs, and their static logits outputs."""
+
+    def __init__(self, model: Transformer, widths=WIDTHS, buckets=BUCKETS, compile: bool = False):
+        self.model = model
+        device = model.norm.weight.device
+        self.widths = tuple(widths)
+        self.buckets = tuple(b for b in buckets if b < model.max_len) + (model.max_len,)
+        self.tokens = torch.zeros(1, max(self.widths), dtype=torch.long, device=device)
+        self.positions = torch.zeros(max(self.widths), dtype=torch.long, device=device)
+        self.staging = torch.zeros(max(self.widths), dtype=torch.long).pin_memory()  # host side of tokens
+        self.readback = torch.zeros(2, dtype=torch.long).pin_memory()  # the pipelined loop's token slots
+        self.ready = (torch.cuda.Event(), torch.cuda.Event())
+        step = model.forward_static
+        if compile:  # fuses the small elementwise kernels (norms, RoPE, SiLU) between the matmuls
+            # dynamic: one compiled kernel set serves every width and cache bucket (no recompiles)
+            step = torch.compile(step, fullgraph=True, dynamic=True)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        started = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.inference_mode(), torch.cuda.stream(side):
+            for w in self.widths:
+                for bucket in self.buckets:
+                    self.positions[:w].copy_(torch.arange(w))  # valid positions for the warm-up
+                    for _ in range(2):  # warm-up: allocator, cuBLAS handles, compilation
+                        step(self.tokens[:, :w], self.positions[:w], bucket)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=side):
+                        logits = step(self.tokens[:, :w], self.positions[:w], bucket)
+                    self.graphs[(w, bucket)] = (graph, logits)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - started
+
+    def width_for(self, n: int) -> int | None:
+        i = bisect.bisect_left(self.widths, n)
+        return self.widths[i] if i < len(self.widths) else None
+
+    def bucket_for(self, end: int) -> int:
+        return self.buckets[bisect.bisect_left(self.buckets, end)]
+
+    def replay(self, width: int, end: int) -> torch.Tensor:
+        """Run the captured step for the inputs already in tokens[:, :width] / positions[:width];
+        end = last position + 1. The returned logits [width, V] are overwritten by the next replay."""
+        graph, logits = self.graphs[(width, self.bucket_for(end))]
+        graph.replay()
+        return logits[0]

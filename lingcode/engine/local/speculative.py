@@ -1,0 +1,171 @@
+"""Lossless speculative decoding: drafters propose, the target verifies k+1 positions in one forward.
+
+On a bandwidth-bound device a forward over k+1 tokens reads the weights once, like a forward over
+one, so every accepted draft token is a decode step saved. Acceptance follows the standard rules:
+
+- greedy: a draft token is kept while it equals the target's argmax; the first mismatch is
+  replaced by the target's own token. The output is token-for-token what plain decoding gives.
+- sampling (Leviathan et al. / Chen et al.): draft token x is kept with probability
+  min(1, p(x) / q(x)); on rejection the replacement is drawn from norm(max(0, p - q)); after k
+  acceptances a bonus token is drawn from p. The output distribution is exactly p's. For a
+  model-free drafter, q is a point mass on x, so acceptance is p(x) and the residual is p with x
+  removed.
+
+Drafters share one small interface: start(prompt), propose(k) -> (tokens, q or None), and
+extend(accepted tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from lingcode.engine import SamplingParams
+
+
+class Drafter(Protocol):
+    def start(self, tokens: list[int]) -> None:
+        """A new request: the whole token sequence so far (prompt, and its pending last token)."""
+
+    def propose(self, k: int) -> tuple[list[int], Tensor | None]:
+        """Up to k draft tokens following the sequence, and their draft distributions [n, V] or None."""
+
+    def extend(self, tokens: list[int]) -> None:
+        """Tokens appended to the sequence (accepted drafts and the target's own token)."""
+
+
+class NGramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens, copy what
+    followed it. Model-free; strong where the output repeats the input (code edits, agent loops)."""
+
+    def __init__(self, max_n: int = 4, min_n: int = 2):
+        self.max_n, self.min_n = max_n, min_n
+        self.tokens: list[int] = []
+        self.index: dict[tuple[int, ...], int] = {}  # n-gram -> end position of its latest occurrence
+
+    def start(self, tokens: list[int]) -> None:
+        self.tokens, self.index = [], {}
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        seq = self.tokens
+        for token in tokens:
+            seq.append(token)
+            end = len(seq)
+            # Index the n-grams ending just before this token, so a lookup never finds the suffix itself.
+            for n in range(self.min_n, self.max_n + 1):
+                if end - 1 >= n:
+                    self.index[tuple(seq[end - 1 - n : end - 1])] = end - 1
+
+    def propose(self, k: int) -> tuple[list[int], Tensor | None]:
+        seq = self.tokens
+        for n in range(self.max_n, self.min_n - 1, -1):
+            if len(seq) < n:
+                continue
+            end = self.index.get(tuple(seq[-n:]))
+            if end is not None:
+                return seq[end : end + k], None
+        return [], None
+
+
+def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """The distribution plain sampling draws from (temperature, top-k, top-p), rows of logits [n, V]."""
+    logits = logits.float() / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
+        drop = sorted_probs.cumsum(-1) - sorted_probs > params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def verify_greedy(logits: Tensor, draft: list[int]) -> list[int]:
+    """logits [k+1, V] of the target at the pending token and each draft token -> tokens to emit."""
+    targets = logits.argmax(dim=-1).tolist()  # one host read per verify step
+    n = 0
+    while n < len(draft) and draft[n] == targets[n]:
+        n += 1
+    return draft[:n] + [targets[n]]
+
+
+def verify_sampled(
+    logits: Tensor, draft: list[int], draft_probs: Tensor | None, params: SamplingParams,
+    generator: torch.Generator | None,
+) -> list[int]:  # fmt: skip
+    """Rejection sampling: emitted tokens are distributed exactly as plain sampling's."""
+    p = target_probs(logits, params)  # [k+1, V]
+    out: list[int] = []
+    for i, x in enumerate(draft):
+        p_x = float(p[i, x])
+        q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
+        u = float(torch.rand((), generator=generator, device=p.device))
+        if q_x > 0 and u * q_x < p_x:  # accept with probability min(1, p/q)
+            out.append(x)
+            continue
+        if draft_probs is None:
+            residual = p[i].clone()
+            residual[x] = 0.0
+        else:
+            residual = (p[i] - draft_probs[i]).clamp_min(0.0)
+        total = residual.sum()
+        if float(total) <= 0.0:  # p == q: any draw from p is right; p itself is the residual's limit
+            residual, total = p[i], p[i].sum()
+        out.append(int(torch.multinomial(residual / total, 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(p[len(draft)], 1, generator=generator)))
+    return out
+
+
+class DraftLength:
+    """The draft length k, adapted to the running acceptance rate: longer while drafts land."""
+
+    def __init__(self, k_max: int = 8, k_min: int = 1):
+        self.k_max, self.k_min = k_max, k_min
+        self.k = k_max
+        self.rate = 1.0  # exponential moving average of accepted / proposed
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        self.rate = 0.7 * self.rate + 0.3 * accepted / proposed
+        if self.rate > 0.6:
+            self.k = min(self.k_max, self.k + 1)
+        elif self.rate < 0.3:
+            self.k = max(self.k_min, self.k - 1)
+
+
+class EarlyExitDrafter:
+    """A draft model sharing the tokenizer: the target's own first L layers and LM head.
+
+    It needs no weights or cache of its own: its layers are the target's, and the cache entries
+    it writes ahead of the target are exactly what the target's verify forward writes there.
+    Drafts are greedy, so q is a point mass (verify_sampled's q=None case).
+    """
+
+    def __init__(self, model, n_layers: int, device):
+        self.model, self.n_layers, self.device = model, n_layers, device
+        self.length = 0  # tokens in the sequence; the last one is pending (not fed to the target)
+        self.last = 0
+
+    def start(self, tokens: list[int]) -> None:
+        self.length, self.last = len(tokens), tokens[-1]
+
+    def extend(self, tokens: list[int]) -> None:
+        self.length += len(tokens)
+        self.last = tokens[-1]
+
+    def propose(self, k: int) -> tuple[list[int], Tensor | None]:
+        token, pos, draft = self.last, self.length - 1, []
+        for _ in range(k):
+            logits = self.model(torch.tensor([[token]], device=self.device), pos, n_layers=self.n_layers)
+            token = int(logits[0, -1].argmax())
+            draft.append(token)
+            pos += 1
+        return draft, None

@@ -1,0 +1,101 @@
+"""The GPU path of the embedded engine: CUDA graphs, the pipelined decode loop, lossless speculation.
+
+These need a CUDA device; CI has none, so they run on the H200 through bench/h200.sh, whose
+output (committed under bench/results/) records the run.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lingcode.chat_template import render_chat
+from lingcode.engine import SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/h200.sh runs these)")
+
+PROMPTS = [
+    "Write a Python function that reverses a string.",
+    "What is the capital of France?",
+    "Repeat this code exactly:\n```python\ndef add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n```",
+    "List three colors.",
+    "Explain recursion in one sentence.",
+    "Write a bash one-liner that counts lines in all .py files.",
+]
+
+
+@pytest.fixture(scope="module")
+def gpu_engine(model_path):
+    from lingcode.engine.local import load_engine
+
+    return load_engine(model_path, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def eager_engine(model_path):
+    """The same model on the GPU without graphs: the plain host loop, one token per step."""
+    from lingcode.engine.local import load_engine
+
+    return load_engine(model_path, device="cuda", speculation="off", cuda_graphs=False)
+
+
+def chat_ids(engine, text: str) -> list[int]:
+    return engine.info.tokenizer.encode(render_chat(engine.info.chat_template, [{"role": "user", "content": text}]))
+
+
+async def generate(engine, ids, params, speculation="off") -> list[int]:
+    engine.set_speculation(speculation)
+    engine.reset_cache()
+    out: list[int] = []
+    async for chunk in engine.generate("gpu-test", ids, params):
+        out += chunk.token_ids
+    return out
+
+
+def test_captured_step_matches_the_eager_forward(gpu_engine):
+    model, runner = gpu_engine.model, gpu_engine.graphs
+    ids = list(range(200, 203))
+    with torch.inference_mode():
+        eager = model(torch.tensor([ids], device="cuda"), 40, all_logits=True)[0].float()
+        runner.tokens[0, :4].copy_(torch.tensor(ids + ids[-1:]))
+        torch.arange(40, 44, out=runner.positions[:4])
+        graphed = runner.replay(4, 44)[:3].float()
+    assert torch.allclose(eager.softmax(-1), graphed.softmax(-1), atol=2e-2)
+    assert (eager.argmax(-1) == graphed.argmax(-1)).all()
+
+
+async def test_greedy_is_identical_eager_pipelined_and_speculative(gpu_engine, eager_engine):
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    for prompt in PROMPTS:
+        ids = chat_ids(gpu_engine, prompt)
+        reference = await generate(eager_engine, ids, params)
+        assert await generate(gpu_engine, ids, params, "off") == reference, prompt
+        assert await generate(gpu_engine, ids, params, "ngram") == reference, prompt
+
+
+async def test_pipelined_loop_waits_once_per_token_and_never_syncs_implicitly(gpu_engine):
+    """One explicit wait per generated token (the pinned read-back), zero implicit syncs (.item(),
+    .tolist(), pageable copies) in the decode loop: the count must not grow with the length."""
+    ids = chat_ids(gpu_engine, "Tell me a long story about a lighthouse.")
+
+    async def count(n: int, params: SamplingParams) -> tuple[int, int]:
+        before = gpu_engine.stats()["host_waits"]
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                tokens = await generate(gpu_engine, ids, params)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert len(tokens) == n
+        implicit = sum("synchroniz" in str(w.message) for w in caught)
+        return implicit, gpu_engine.stats()["host_waits"] - before
+
+    for sampled in (False, True):
+        kwargs = dict(temperature=0.8, top_p=0.9, seed=1) if sampled else dict(temperature=0.0)
+        short = await count(16, SamplingParams(max_tokens=16, ignore_eos=True, **kwargs))
+        long = await count(64, SamplingParams(max_tokens=64, ignore_eos=True, **kwargs))
+        assert long[0] == short[0], f"implicit syncs grow with length: {short[0]} for 16 tokens, {long[0]} for 64"
+        assert short[1] == 16 and long[1] == 64  # exactly one read-back wait per token

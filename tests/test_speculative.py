@@ -1,0 +1,132 @@
+"""Speculative decoding is lossless: greedy output identical token for token, sampling distribution unchanged."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from lingcode.chat_template import render_chat
+from lingcode.engine import SamplingParams
+from lingcode.engine.local.speculative import DraftLength, NGramDrafter, verify_greedy, verify_sampled
+from lingcode.generation import generate_text
+from lingcode.scheduler import Scheduler
+
+CODE = '''def add(a, b):
+    return a + b
+
+
+def subtract(a, b):
+    return a - b
+'''
+
+PROMPTS = [
+    "Write a Python function that reverses a string.",
+    "What is the capital of France?",
+    f"Rename the functions in this code to use a `calc_` prefix and repeat the whole code:\n```python\n{CODE}```",
+    f"Repeat this code exactly:\n```python\n{CODE}```",
+    "List three colors.",
+    "Explain recursion in one sentence.",
+]
+
+
+async def run(engine, speculation: str, prompt: str, params: SamplingParams) -> tuple[list[int], dict]:
+    engine.set_speculation(speculation)
+    info = engine.info
+    ids = info.tokenizer.encode(render_chat(info.chat_template, [{"role": "user", "content": prompt}]))
+    out: list[int] = []
+    async for chunk in generate_text(Scheduler(engine), info.tokenizer, f"spec-{speculation}", ids, params):
+        out += chunk.token_ids
+    return out, engine.stats()["last_request"]
+
+
+@pytest.fixture
+def restore_speculation(engine):
+    before = engine.speculation if engine.speculation != "early-exit" else f"early-exit:{engine.draft_layers}"
+    yield
+    engine.set_speculation(before)
+
+
+async def test_greedy_output_is_identical_with_every_drafter(engine, restore_speculation):
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain, plain_stats = await run(engine, "off", prompt, params)
+        assert plain_stats["draft_tokens"] == 0
+        for speculation in ("ngram", "early-exit:10"):
+            spec, stats = await run(engine, speculation, prompt, params)
+            assert spec == plain, f"{speculation} changed the output for {prompt!r}"
+            if speculation == "ngram":
+                accepted += stats["accepted_draft_tokens"]
+    assert accepted > 0
+
+
+async def test_ngram_drafts_pay_off_when_the_answer_copies_the_prompt(engine, restore_speculation):
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    _, stats = await run(engine, "ngram", PROMPTS[3], params)
+    # Each verify step emitted more than one token on average: fewer target forwards than tokens.
+    assert stats["accepted_draft_tokens"] >= 10
+    assert stats["decode_steps"] < stats["generated_tokens"] - 1
+    assert stats["accept_length"] > 1.0
+
+
+async def test_sampled_speculation_runs_and_respects_max_tokens(engine, restore_speculation):
+    params = SamplingParams(max_tokens=20, temperature=0.8, top_p=0.95, seed=7)
+    tokens, stats = await run(engine, "ngram", PROMPTS[3], params)
+    assert len(tokens) <= 20 and stats["generated_tokens"] == len(tokens)
+
+
+def test_ngram_drafter_copies_what_followed_the_latest_match():
+    drafter = NGramDrafter(max_n=3, min_n=2)
+    drafter.start([5, 6, 7, 8, 9, 1, 5, 6])
+    assert drafter.propose(3) == ([7, 8, 9], None)
+    drafter.extend([7, 8, 9, 2])
+    assert drafter.propose(2) == ([], None)  # (9, 2) / (8, 9, 2) never occurred before
+
+
+def test_greedy_verify_keeps_the_matching_prefix_then_the_targets_token():
+    logits = torch.full((4, 10), -5.0)
+    for row, best in enumerate([3, 4, 9, 1]):
+        logits[row, best] = 5.0
+    assert verify_greedy(logits, [3, 4, 5]) == [3, 4, 9]
+    assert verify_greedy(logits[:3], [3, 4]) == [3, 4, 9]  # all accepted: the bonus token
+    assert verify_greedy(logits[:2], [0]) == [3]
+
+
+@pytest.mark.parametrize("draft_has_probs", [False, True])
+def test_rejection_sampling_keeps_the_target_distribution(draft_has_probs):
+    """On a 5-token vocabulary: the first two emitted tokens must be distributed as p0 x p1."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.tensor([[1.0, 0.2, -0.5, 0.7, 0.0], [0.1, 1.5, 0.3, -1.0, 0.4], [0.0, 0.0, 0.9, 0.3, -0.2]])
+    params = SamplingParams(max_tokens=8, temperature=0.9)
+    p = torch.softmax(logits / params.temperature, dim=-1)
+    q = torch.softmax(torch.tensor([[0.5, 1.0, 0.0, 0.0, 0.2], [1.0, 0.0, 0.2, 0.1, 0.0]]), dim=-1)
+    trials = 20000
+    counts: Counter = Counter()
+    for _ in range(trials):
+        if draft_has_probs:  # a draft model's sample from q
+            draft = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(2)]
+            out = verify_sampled(logits, draft, q, params, gen)
+        else:  # a deterministic drafter (n-gram): always proposes 3, 1
+            out = verify_sampled(logits, [3, 1], None, params, gen)
+        if len(out) == 1:  # the next step would draw position 1 from p1 (same context here)
+            out.append(int(torch.multinomial(p[1], 1, generator=gen)))
+        counts[tuple(out[:2])] += 1
+    worst = 0.0
+    for a in range(5):
+        for b in range(5):
+            expected = float(p[0, a] * p[1, b])
+            sigma = (expected * (1 - expected) / trials) ** 0.5
+            worst = max(worst, abs(counts[(a, b)] / trials - expected) / sigma)
+    assert worst < 4.5, f"an outcome is {worst:.1f} standard deviations off the target distribution"
+
+
+def test_draft_length_adapts_to_acceptance():
+    k = DraftLength(k_max=8)
+    for _ in range(10):
+        k.update(8, 0)
+    assert k.k == 1
+    for _ in range(10):
+        k.update(k.k, k.k)
+    assert k.k == 8
