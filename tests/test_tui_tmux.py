@@ -26,13 +26,14 @@ LINGCODE = Path(sys.executable).parent / "lingcode"  # the console script pip in
 
 
 class Tmux:
-    """One tmux server of our own (its own socket), holding one window that runs a command."""
+    """One tmux server of our own (its own socket in the test's tmp dir), holding one window that runs a command."""
 
-    def __init__(self):
-        self.socket = f"lingcode-test-{uuid.uuid4().hex[:8]}"
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.socket = str(folder / f"tmux-{uuid.uuid4().hex[:8]}")
 
     def run(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True).stdout
+        return subprocess.run(["tmux", "-S", self.socket, *args], check=True, capture_output=True, text=True).stdout
 
     def start(self, command: str) -> None:
         self.run("new-session", "-d", "-s", "chat", "-x", "100", "-y", "30", command)
@@ -42,7 +43,7 @@ class Tmux:
 
     def screen(self) -> str:
         """What the window shows; "" once the command has exited (and tmux closed the window)."""
-        result = subprocess.run(["tmux", "-L", self.socket, "capture-pane", "-p", "-t", "chat"],
+        result = subprocess.run(["tmux", "-S", self.socket, "capture-pane", "-p", "-t", "chat"],
                                 capture_output=True, text=True)  # fmt: skip
         return result.stdout if result.returncode == 0 else ""
 
@@ -59,13 +60,13 @@ class Tmux:
         raise AssertionError(f"timed out waiting for {what}; the screen was:\n{screen}")
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
-        self.socket = f"lingcode-test-{uuid.uuid4().hex[:8]}"  # a server shutting down cannot take a new window
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True)
+        self.socket = str(self.folder / f"tmux-{uuid.uuid4().hex[:8]}")  # a server shutting down takes no new window
 
 
 @pytest.fixture
-def tmux():
-    session = Tmux()
+def tmux(tmp_path_factory):
+    session = Tmux(tmp_path_factory.mktemp("tmux", numbered=True))
     yield session
     session.close()
 
