@@ -17,13 +17,13 @@ TORCH := torch==2.13.0
 # parser imports (tests/sglang-parser-requirements.txt). Keep in step with lingcode/sglang/profiles.py.
 SGLANG := sglang==0.5.23
 
-.PHONY: run test clean
+.PHONY: run test clean tmux-if-missing
 
 run: $(VENV)/.installed-run
 	$(BIN)/lingcode pull
 	exec $(BIN)/lingcode serve $(ARGS)
 
-test: $(VENV)/.installed-test $(VENV)/.sglang-parser
+test: $(VENV)/.installed-test $(VENV)/.sglang-parser tmux-if-missing
 	$(BIN)/lingcode pull
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
@@ -44,6 +44,14 @@ $(VENV)/.sglang-parser: tests/sglang-parser-requirements.txt Makefile $(VENV)/.t
 	$(BIN)/python -m pip install --no-deps $(SGLANG)
 	$(BIN)/python -m pip install -r tests/sglang-parser-requirements.txt
 	touch $@
+
+# `lingcode chat` has one test that drives it inside tmux. Install tmux where we may (Debian or
+# Ubuntu, as root or with passwordless sudo); otherwise that test is skipped and says why.
+SUDO := $(shell test "$$(id -u)" -eq 0 || echo sudo -n)
+tmux-if-missing:
+	@command -v tmux >/dev/null || { command -v apt-get >/dev/null && \
+	  { $(SUDO) apt-get install -y -q tmux || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q tmux; }; }; } \
+	  || echo "tmux could not be installed: the tmux test of lingcode chat will be skipped"
 
 clean:
 	rm -rf $(VENV)

@@ -168,6 +168,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    from lingcode.tui.launch import main
+
+    return main(args)
+
+
 def _devices(torch) -> list[str]:
     devices = [f"cpu ({torch.get_num_threads()} threads)"]
     if torch.cuda.is_available():
@@ -334,6 +340,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench_agent.add_argument("--serve-args", nargs=argparse.REMAINDER,
                              help="arguments for `lingcode serve` when no daemon runs yet (must come last)")
     bench_agent.set_defaults(func=cmd_bench_agent)
+
+    chat = sub.add_parser("chat", help="chat with the model, or let it work as an agent, in the terminal",
+                          description="The terminal chat: streamed Markdown, sessions, slash commands, agent mode. "
+                                      "Starts a daemon if none runs. Enter sends, Ctrl+J adds a line, Esc stops, "
+                                      "/help lists the rest.")
+    which = chat.add_mutually_exclusive_group()
+    which.add_argument("-c", "--continue", dest="continue_", action="store_true",
+                       help="resume the most recent session")
+    which.add_argument("--resume", metavar="ID", type=_positive, default=None, help="resume session ID")
+    chat.add_argument("--agent", action="store_true", help="start in agent mode (tools, asking before writes)")
+    chat.add_argument("--system", metavar="TEXT", default=None, help="system prompt for a new session")
+    chat.add_argument("--workdir", metavar="DIR", default=None,
+                      help="directory the agent's tools work in (default: the current directory)")
+    chat.add_argument("--max-tokens", metavar="N", type=_positive, default=None,
+                      help="longest answer in tokens (default: what the context has left)")
+    chat.add_argument("--temperature", metavar="T", type=float, default=None,
+                      help="sampling temperature (default: the daemon's)")
+    chat.add_argument("--model", metavar="M", default=None,
+                      help="model for a daemon that chat starts (a running daemon keeps its own)")
+    chat.set_defaults(func=cmd_chat)
     return parser
 
 

@@ -1,0 +1,99 @@
+"""The chat's session store (SQLite, WAL) and its Markdown export."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from lingcode.tui.conversation import INTERRUPTED_RESULT, context_used, model_messages
+from lingcode.tui.store import SessionStore
+from lingcode.tui.store.export import export_session, session_markdown
+
+
+def test_sessions_are_listed_renamed_and_deleted_with_their_messages(tmp_path):
+    store = SessionStore(tmp_path / "chat.sqlite3")
+    first = store.create(workdir="/src")
+    second = store.create(agent=True, system="Be brief.")
+    store.add(first.id, "user", "hello")
+    assert [s.id for s in store.sessions()] == [first.id, second.id]  # the most recently used first
+    assert store.last().id == first.id and store.get(first.id).message_count == 1
+    assert store.update(second.id, title="renamed").title == "renamed"
+    assert store.get(second.id).agent and store.get(second.id).system == "Be brief."
+    store.delete(first.id)
+    assert store.get(first.id) is None and store.messages(first.id) == []
+    assert [s.id for s in store.sessions()] == [second.id]
+    store.delete(second.id)
+    assert store.create().id > second.id  # ids are never reused: `--resume ID` never opens another session
+
+
+def test_the_database_is_wal_and_what_was_stored_is_seen_by_another_process_at_once(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    store = SessionStore(path)
+    session = store.create()
+    answer = store.add(session.id, "assistant", state="streaming")
+    store.set_content(answer.id, "The answer so f")
+    # A separate connection (as a new `lingcode chat -c` after a kill would open) sees it committed.
+    other = sqlite3.connect(path)
+    assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert other.execute("SELECT content, state FROM messages WHERE id = ?", (answer.id,)).fetchone() == (
+        "The answer so f",
+        "streaming",
+    )
+    assert other.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_reopening_keeps_everything_and_migrates_nothing_twice(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    store = SessionStore(path)
+    session = store.create(title="kept")
+    store.add(session.id, "user", "hi", attachments=[{"path": "a.py", "text": "x = 1"}])
+    store.close()
+    again = SessionStore(path)
+    assert again.get(session.id).title == "kept"
+    assert again.messages(session.id)[0].attachments == [{"path": "a.py", "text": "x = 1"}]
+
+
+def test_model_messages_follow_clear_system_attachments_and_answer_every_tool_call(tmp_path):
+    store = SessionStore(tmp_path / "chat.sqlite3")
+    session = store.create(system="You are terse.")
+    old = store.add(session.id, "user", "before /clear")
+    session = store.update(session.id, context_start=old.id)
+    store.add(session.id, "user", "look at @a.py", attachments=[{"path": "a.py", "text": "x = 1"}])
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}},
+    ]
+    store.add(session.id, "assistant", "", tool_calls=calls)
+    store.add(session.id, "tool", "a.py", tool_call_id="c1")  # c2 never ran (the app was killed)
+    store.add(session.id, "assistant", "partial", state="error", error="lost the daemon")
+    messages = model_messages(session, store.messages(session.id))
+    assert messages[0] == {"role": "system", "content": "You are terse."}
+    assert messages[1]["role"] == "user" and "before /clear" not in str(messages)
+    assert messages[1]["content"].startswith("look at @a.py") and "x = 1" in messages[1]["content"]
+    assert messages[2] == {"role": "assistant", "content": None, "tool_calls": calls}
+    assert messages[3] == {"role": "tool", "tool_call_id": "c2", "content": INTERRUPTED_RESULT}
+    assert messages[4] == {"role": "tool", "tool_call_id": "c1", "content": "a.py"}
+    assert len(messages) == 5  # the failed partial answer is shown and kept, not sent
+
+
+def test_context_used_is_the_last_answers_total(tmp_path):
+    store = SessionStore(tmp_path / "chat.sqlite3")
+    session = store.create()
+    store.add(session.id, "assistant", "a", stats={"usage": {"total_tokens": 120}})
+    store.add(session.id, "assistant", "b", state="stopped")
+    assert context_used(store.messages(session.id)) == 120
+
+
+def test_export_writes_markdown_that_fences_cannot_break(tmp_path):
+    store = SessionStore(tmp_path / "chat.sqlite3")
+    session = store.create(title="Reverse a string", system="Be brief.", workdir="/src")
+    store.add(session.id, "user", "Reverse it", attachments=[{"path": "x.md", "text": "```\ncode\n```"}])
+    store.add(session.id, "assistant", "```python\ns[::-1]\n```", stats={"timings": {"tokens_per_s": 30.0,
+              "completion_tokens": 9}})  # fmt: skip
+    store.add(session.id, "assistant", "half", state="stopped")
+    path = export_session(store, session.id, tmp_path / "out.md")
+    text = path.read_text()
+    assert text == session_markdown(store.get(session.id), store.messages(session.id))
+    assert text.startswith("# Reverse a string\n") and "> Be brief." in text and "`/src`" in text
+    assert "## You\n\nReverse it" in text and "````\n```\ncode\n```\n````" in text  # a longer fence around it
+    assert "```python\ns[::-1]\n```" in text and "_9 tokens, 30.0 tokens/s_" in text
+    assert "_(stopped by the user)_" in text

@@ -1,0 +1,178 @@
+"""The agent's tools on a real directory, the permission rules, and reading a streamed reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from lingcode.tui.attachments import AttachError, attach, complete_path
+from lingcode.tui.commands import UnknownCommand, complete, parse
+from lingcode.tui.conversation import ReplyReader
+from lingcode.tui.tools import TOOLS, Call, ToolError, schemas
+from lingcode.tui.tools import files, shell
+from lingcode.tui.tools.permissions import Permissions, parse_rules
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("def main():\n    return 1\n")
+    (root / "README.md").write_text("# demo\nmain entry\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "config").write_text("main = ignored\n")
+    return root
+
+
+def test_reads_list_and_grep_say_what_they_left_out(project):
+    assert files.read_file(project, "src/app.py").splitlines() == [
+        "src/app.py: lines 1-2 of 2",
+        "    1  def main():",
+        "    2      return 1",
+    ]
+    (project / "long.txt").write_text("".join(f"line {n}\n" for n in range(1, 1001)))
+    first = files.read_file(project, "long.txt")
+    assert first.splitlines()[0] == "long.txt: lines 1-400 of 1000 (more follows: call read_file with offset=401)"
+    assert files.read_file(project, "long.txt", offset=990).splitlines()[-1] == " 1000  line 1000"
+    listing = files.list_dir(project)
+    assert listing.splitlines()[1:] == [".git/", "src/", "README.md  (18 bytes)", "long.txt  (8893 bytes)"]
+    found = files.grep(project, r"main")
+    assert found.splitlines() == ["2 matches for 'main'", "README.md:2: main entry", "src/app.py:1: def main():"]
+    assert (
+        files.grep(project, "line", glob="*.txt").splitlines()[0].startswith("1000 matches for 'line' (first 100 shown")
+    )
+    with pytest.raises(ToolError, match="bad regular expression"):
+        files.grep(project, "(")
+    with pytest.raises(ToolError, match="does not exist"):
+        files.read_file(project, "nope.py")
+
+
+def test_edits_need_one_exact_match_and_come_back_as_diffs(project):
+    result = files.apply_edit(project, "src/app.py", "return 1", "return 2")
+    assert "-    return 1\n+    return 2" in result
+    assert (project / "src" / "app.py").read_text() == "def main():\n    return 2\n"
+    with pytest.raises(ToolError, match="not found"):
+        files.apply_edit(project, "src/app.py", "return 1", "x")
+    (project / "twice.py").write_text("a\na\n")
+    with pytest.raises(ToolError, match="occurs 2 times"):
+        files.apply_edit(project, "twice.py", "a", "b")
+    assert files.write_preview(project, "new/file.txt", "hello\n").endswith("+hello")
+    assert files.write_file(project, "new/file.txt", "hello\n") == "created new/file.txt (1 lines)"
+    assert (project / "new" / "file.txt").read_text() == "hello\n"
+
+
+async def test_commands_run_in_the_working_directory_and_are_killed_on_interrupt(project):
+    assert await shell.run_command(project, "pwd; exit 3") == f"exit code 3\n{project}\n"
+    assert (await shell.run_command(project, "sleep 5", timeout_s=0.2)).startswith("timed out after 0.2 s")
+    noisy = await shell.run_command(project, "seq 1 100000")
+    assert "bytes of output left out" in noisy and noisy.endswith("100000\n")
+    marker = project / "still-running"
+    task = asyncio.create_task(shell.run_command(project, f"sleep 0.5; touch {marker}"))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.8)
+    assert not marker.exists()  # the whole process group was killed, not just bash
+
+
+async def test_calls_are_checked_against_their_schema(project):
+    assert {s["function"]["name"] for s in schemas()} == set(TOOLS)
+    call = Call("c1", "read_file", json.dumps({"path": "src/app.py"}))
+    assert call.subject(project) == "src/app.py" and call.inside(project)
+    assert (await call.run(project)).startswith("src/app.py: lines 1-2")
+    assert not Call("c2", "read_file", '{"path": "../outside.txt"}').inside(project)
+    with pytest.raises(ToolError, match="no tool 'rm'"):
+        Call("c3", "rm", "{}").args()
+    with pytest.raises(ToolError, match="not valid JSON"):
+        Call("c4", "read_file", '{"path": ').args()
+    with pytest.raises(ToolError, match="missing \\['path'\\]"):
+        Call("c5", "read_file", '{"file": "x"}').args()
+    language, diff = Call(
+        "c6", "apply_edit", json.dumps({"path": "src/app.py", "old_text": "return 1", "new_text": "return 2"})
+    ).preview(project)
+    assert language == "diff" and "+    return 2" in diff
+    assert (project / "src" / "app.py").read_text().endswith("return 1\n")  # a preview changes nothing
+
+
+def test_permission_rules_first_match_then_always_then_defaults(tmp_path):
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "run_command"\nmatch = "git status*"\naction = "allow"\n'
+                     '[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n'
+                     '[[rule]]\ntool = "write_file"\nmatch = "docs/*"\naction = "ask"\n')  # fmt: skip
+    permissions = Permissions.load(rules)
+    decide = permissions.decide
+    assert decide("run_command", "git status --short", reads=False, inside=True).action == "allow"
+    assert decide("run_command", "rm -rf /", reads=False, inside=True).action == "ask"
+    assert decide("read_file", ".env", reads=True, inside=True).action == "deny"
+    assert decide("read_file", ".env", reads=True, inside=True, always=["read_file"]).action == "deny"
+    assert decide("read_file", "src/a.py", reads=True, inside=True).action == "allow"
+    assert decide("read_file", "/etc/passwd", reads=True, inside=False).action == "ask"
+    assert decide("write_file", "docs/a.md", reads=False, inside=True, always=["write_file"]).action == "allow"
+    assert decide("apply_edit", "a.py", reads=False, inside=True, always=["write_file"]).action == "ask"
+    assert "rule 2" in decide("grep", ".env.local", reads=True, inside=True).reason
+
+
+def test_a_broken_rule_file_makes_everything_ask_and_says_why(tmp_path):
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\naction = "maybe"\n')
+    permissions = Permissions.load(rules)
+    assert "action must be one of allow, ask, deny" in permissions.problem
+    assert permissions.decide("read_file", "a.py", reads=True, inside=True).action == "ask"
+    with pytest.raises(ValueError, match="unknown keys"):
+        parse_rules({"rule": [{"tool": "*", "action": "allow", "glob": "x"}]})
+    fresh = tmp_path / "fresh" / "permissions.toml"
+    fresh.parent.mkdir()
+    assert Permissions.load(fresh).rules == [] and "[[rule]]" in fresh.read_text()  # a commented example
+
+
+def test_at_mentions_attach_files_whole_or_refuse(project):
+    attachments, notes = attach("explain @src/app.py, and @missing.py or @src", project)
+    assert attachments == [{"path": "src/app.py", "text": "def main():\n    return 1\n"}]
+    assert notes == ["@missing.py is not a file here; sent as plain text",
+                     "@src is a directory; only files are attached"]  # fmt: skip
+    (project / "big.txt").write_text("x" * 300_000)
+    with pytest.raises(AttachError, match="over the 256000-byte limit"):
+        attach("@big.txt", project)
+    assert complete_path("sr", project) == ["src/"]
+    assert complete_path("src/a", project) == ["src/app.py"]
+    assert complete_path("", project) == ["src/", "README.md", "big.txt"]  # hidden ones only when asked
+    assert complete_path(".g", project) == [".git/"]
+
+
+def test_slash_commands_parse_and_complete():
+    command, args = parse("/system Be brief.")
+    assert command.name == "system" and args == "Be brief."
+    assert parse("plain text") is None and parse("//not a command") is None
+    with pytest.raises(UnknownCommand, match="/help lists"):
+        parse("/frobnicate")
+    assert [c.name for c in complete("s")] == ["sessions", "system", "stats"]
+
+
+# OpenAI's documented streaming shape for a tool call (platform.openai.com, "Function calling",
+# streaming): id and name in the first fragment, arguments in pieces, finish_reason "tool_calls".
+OPENAI_TOOL_CALL_STREAM = [
+    {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {
+        "role": "assistant", "content": None, "tool_calls": [{"index": 0, "id": "call_DdmO9pD3xa9XTPNJ32zg2hcA",
+        "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\""}}]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "location"}}]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\":\""}}]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "Paris"}}]}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"}"}}]}}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "timings": {"ttft_ms": 5.0}},
+    {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}},
+]  # fmt: skip
+
+
+def test_a_streamed_tool_call_is_put_back_together():
+    reader = ReplyReader()
+    assert [reader.feed(event) for event in OPENAI_TOOL_CALL_STREAM] == [""] * len(OPENAI_TOOL_CALL_STREAM)
+    reply = reader.result()
+    assert reply.finish_reason == "tool_calls" and reply.text == ""
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [
+        ("call_DdmO9pD3xa9XTPNJ32zg2hcA", "get_weather", '{"location":"Paris"}')
+    ]
+    assert reply.usage["total_tokens"] == 17 and reply.timings == {"ttft_ms": 5.0}

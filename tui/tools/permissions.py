@@ -1,0 +1,118 @@
+"""Whether an agent tool call may run: the person's rule file, then "always" answers, then defaults.
+
+The rule file is TOML in the config dir (`lingcode chat` writes a commented example on first use):
+
+    [[rule]]
+    tool = "run_command"     # a tool name, or "*"
+    match = "git status*"    # a glob on the call's subject: the path for file tools, the command line for run_command
+    action = "allow"         # allow | ask | deny
+
+The first matching rule decides. Without one: reads inside the working directory are allowed,
+everything else asks, and "always for this session" answers turn asks into allows (deny rules still
+win). A rule file that cannot be read makes everything ask, and the UI says why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from lingcode import paths
+
+ACTIONS = ("allow", "ask", "deny")
+
+EXAMPLE = """\
+# lingcode chat: which agent tool calls run without asking. The first matching rule decides.
+#   tool   = a tool name (read_file, list_dir, grep, apply_edit, write_file, run_command) or "*"
+#   match  = a glob on what the call touches: the path (relative to the working directory) for
+#            file tools, the whole command line for run_command (default "*")
+#   action = "allow", "ask" or "deny"
+# Without a matching rule, reads inside the working directory are allowed and the rest asks.
+#
+# [[rule]]
+# tool = "run_command"
+# match = "git status*"
+# action = "allow"
+#
+# [[rule]]
+# tool = "*"
+# match = ".env*"
+# action = "deny"
+"""
+
+
+def rules_file() -> Path:
+    return paths.config_dir() / "permissions.toml"
+
+
+@dataclass(frozen=True)
+class Rule:
+    tool: str
+    match: str
+    action: str
+
+    def applies(self, tool: str, subject: str) -> bool:
+        return fnmatch.fnmatchcase(tool, self.tool) and fnmatch.fnmatchcase(subject, self.match)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # allow | ask | deny
+    reason: str
+
+
+class Permissions:
+    def __init__(self, rules: list[Rule], source: str = "", problem: str | None = None):
+        self.rules, self.source, self.problem = rules, source, problem
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Permissions:
+        path = path or rules_file()
+        if not path.exists():
+            try:
+                path.write_text(EXAMPLE)
+            except OSError:
+                pass
+            return cls([], str(path))
+        try:
+            return cls(parse_rules(tomllib.loads(path.read_text())), str(path))
+        except (OSError, ValueError) as e:
+            return cls([], str(path), problem=f"{path}: {e}; every tool call asks until it is fixed")
+
+    def decide(self, tool: str, subject: str, *, reads: bool, inside: bool, always: list[str] = ()) -> Decision:
+        for number, rule in enumerate(self.rules, start=1):
+            if rule.applies(tool, subject):
+                where = f"rule {number} in {self.source}"
+                if rule.action == "ask" and tool in always:
+                    return Decision("allow", f"allowed for this session ({where} asks)")
+                return Decision(rule.action, where)
+        if self.problem:
+            return Decision("ask", self.problem)
+        if tool in always:
+            return Decision("allow", "allowed for this session")
+        if reads and inside:
+            return Decision("allow", "a read inside the working directory")
+        return Decision("ask", "outside the working directory" if reads else "writes and commands ask first")
+
+
+def parse_rules(document: dict) -> list[Rule]:
+    rules = document.get("rule", [])
+    if not isinstance(rules, list):
+        raise ValueError("`rule` must be an array of tables ([[rule]])")
+    parsed = []
+    for number, rule in enumerate(rules, start=1):
+        if not isinstance(rule, dict):
+            raise ValueError(f"rule {number} must be a table")
+        unknown = set(rule) - {"tool", "match", "action"}
+        if unknown:
+            raise ValueError(f"rule {number} has unknown keys {sorted(unknown)}")
+        action = rule.get("action")
+        if action not in ACTIONS:
+            raise ValueError(f"rule {number}: action must be one of {', '.join(ACTIONS)}, not {action!r}")
+        tool, match = rule.get("tool", "*"), rule.get("match", "*")
+        if not isinstance(tool, str) or not isinstance(match, str):
+            raise ValueError(f"rule {number}: tool and match must be strings")
+        parsed.append(Rule(tool, match, action))
+    return parsed
