@@ -61,7 +61,7 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Fi
 
 
 class AnthropicMessage(_Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # Claude Code sends system messages amid the turns
     content: str | list[Block]
 
     @field_validator("content", mode="before")
@@ -122,7 +122,10 @@ class CountTokensRequest(_Strict):
             out.append({"role": "system", "content": system})
         for message in self.messages:
             blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
-            out += _assistant(blocks) if message.role == "assistant" else _user(blocks)
+            if message.role == "system":
+                out.append({"role": "system", "content": "\n".join(b.text for b in blocks if isinstance(b, TextBlock))})
+            else:
+                out += _assistant(blocks) if message.role == "assistant" else _user(blocks)
         return out
 
     def tool_list(self) -> list[Tool]:

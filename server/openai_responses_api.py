@@ -2,8 +2,11 @@
 
 Input items: messages (string or input_text / output_text parts), function_call and
 function_call_output items, reasoning items (skipped: the model's own reasoning is not fed back).
-Function tools only; other tool types, images, files and `previous_response_id` (this server
-stores nothing: send the whole input, as Codex CLI does with store=false) are a 400.
+Function tools, also inside a `namespace` tool (Codex CLI groups some that way; a call of one
+names its namespace). Hosted tools (web_search, file_search, ...) run on OpenAI's servers, not
+here: they are left out of what the model is offered. Other tool types, images, files and
+`previous_response_id` (this server stores nothing: send the whole input, as Codex CLI does with
+store=false) are a 400.
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ from lingcode.tool_parsers import Tool
 from lingcode.turns import ToolChoice
 
 
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation", "mcp",
+                "computer_use_preview")  # fmt: skip
+
+
 class ResponsesTool(_Strict):
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    namespace: str | None = None  # set when the tool came inside a namespace tool
 
 
 class NamedFunction(_Strict):
@@ -58,12 +66,25 @@ class ResponsesRequest(GenerationRequest):
 
     @field_validator("tools", mode="before")
     @classmethod
-    def _function_tools_only(cls, tools):
-        for tool in tools or []:
+    def _function_tools(cls, tools):
+        """Function tools, namespaces flattened, hosted tools left out; anything else is a 400."""
+        if not isinstance(tools, list):
+            return tools
+        out = []
+        for tool in tools:
             kind = tool.get("type") if isinstance(tool, dict) else None
-            if kind != "function":
+            if kind == "function":
+                out.append(tool)
+            elif kind == "namespace" and isinstance(tool.get("tools"), list):
+                for inner in tool["tools"]:
+                    if not isinstance(inner, dict) or inner.get("type") != "function":
+                        raise ValueError(f"namespace {tool.get('name')!r}: only function tools are supported inside")
+                    out.append({**inner, "namespace": tool.get("name")})
+            elif kind in HOSTED_TOOLS:
+                continue
+            else:
                 raise ValueError(f"only function tools are supported, not {kind!r}")
-        return tools
+        return out
 
     @field_validator("previous_response_id")
     @classmethod
@@ -86,6 +107,9 @@ class ResponsesRequest(GenerationRequest):
     def tool_list(self) -> list[Tool]:
         return [Tool(t.name, t.description or "", t.parameters or {"type": "object", "properties": {}})
                 for t in self.tools or []]  # fmt: skip
+
+    def namespaces(self) -> dict[str, str]:
+        return {t.name: t.namespace for t in self.tools or [] if t.namespace}
 
     def choice(self) -> ToolChoice:
         if isinstance(self.tool_choice, NamedFunction):

@@ -86,8 +86,11 @@ def _reasoning(item_id: str, text: str) -> dict:
     return {"id": item_id, "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
 
-def _function_call(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+def _function_call(item_id: str, call_id: str, name: str, arguments: str, status: str, namespace: str | None = None) -> dict:
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+    if namespace:
+        item["namespace"] = namespace
+    return item
 
 
 class ResponseShape:
@@ -106,7 +109,7 @@ class ResponseShape:
             "model": self.model, "output": output, "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
             "temperature": body.temperature if body.temperature is not None else 1.0, "text": {"format": fmt},
-            "tool_choice": choice, "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+            "tool_choice": choice, "tools": [t.model_dump(exclude_none=True, exclude={"namespace"}) for t in body.tools or []],
             "top_p": body.top_p if body.top_p is not None else 1.0, "truncation": "disabled", "usage": None,
             "metadata": {},
         }  # fmt: skip
@@ -123,7 +126,9 @@ class ResponseShape:
             output.append(_reasoning(_item_id("rs"), end.reasoning))
         if end.content or not end.tool_calls:
             output.append(_message(_item_id("msg"), end.content, "completed"))
-        output += [_function_call(_item_id("fc"), c.id, c.name, c.arguments, "completed") for c in end.tool_calls]
+        namespaces = self.body.namespaces()
+        output += [_function_call(_item_id("fc"), c.id, c.name, c.arguments, "completed", namespaces.get(c.name))
+                   for c in end.tool_calls]  # fmt: skip
         return self._response("incomplete" if end.finish_reason == "length" else "completed", output, end)
 
     def _event(self, name: str, payload: dict) -> str:
@@ -157,7 +162,8 @@ class ResponseShape:
             else:
                 out.append(self._event("response.function_call_arguments.done",
                                        {"item_id": item["id"], "output_index": index, "arguments": item["text"]}))  # fmt: skip
-                final = _function_call(item["id"], item["call_id"], item["name"], item["text"], "completed")
+                final = _function_call(item["id"], item["call_id"], item["name"], item["text"], "completed",
+                                       self.body.namespaces().get(item["name"]))  # fmt: skip
             out.append(self._event("response.output_item.done", {"output_index": index, "item": final}))
             done.append(final)
             return out
@@ -173,7 +179,8 @@ class ResponseShape:
             elif kind == "reasoning":
                 item = {"id": current["id"], "type": "reasoning", "summary": [], "content": []}
             else:
-                item = _function_call(current["id"], extra["call_id"], extra["name"], "", "in_progress")
+                item = _function_call(current["id"], extra["call_id"], extra["name"], "", "in_progress",
+                                      self.body.namespaces().get(extra["name"]))  # fmt: skip
             out.append(self._event("response.output_item.added", {"output_index": index, "item": item}))
             if kind == "message":
                 part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}

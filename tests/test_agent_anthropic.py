@@ -105,6 +105,15 @@ def test_count_tokens(client):
     assert counted.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
 
 
+def test_system_messages_among_the_turns(daemon):
+    """Claude Code sends a "system" message after the user's (not in Anthropic's older docs)."""
+    body = {"model": "m", "max_tokens": 4, "temperature": 0, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say hello."}]}, {"role": "system", "content": "Be brief."}]}  # fmt: skip
+    response = httpx.post(f"{daemon.url}/v1/messages", headers={"x-api-key": daemon.token}, json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["content"][0]["type"] == "text"
+
+
 def test_head_root_and_errors_in_anthropic_shape(daemon):
     assert httpx.head(daemon.url + "/").status_code == 200
     unauthorized = httpx.post(f"{daemon.url}/v1/messages", json={})

@@ -72,9 +72,24 @@ def test_streamed_text_events(client):
 
 @pytest.mark.parametrize("body", [
     {"input": "hi", "previous_response_id": "resp_123"},
-    {"input": "hi", "tools": [{"type": "web_search"}]},
+    {"input": "hi", "tools": [{"type": "custom", "name": "apply_patch"}]},
     {"input": [{"type": "input_image", "image_url": "x"}]},
 ])  # fmt: skip
 def test_unsupported_input_is_a_400(daemon, body):
     response = httpx.post(f"{daemon.url}/v1/responses", headers={"Authorization": f"Bearer {daemon.token}"}, json=body)
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_codex_style_tools_namespaces_and_hosted_tools(client):
+    """Codex CLI sends function tools, a namespace of function tools, and hosted tools (web_search)."""
+    spawn = {"type": "function", "name": "spawn_agent", "description": "Spawn a sub-agent",
+             "parameters": {"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}}  # fmt: skip
+    tools = [WEATHER, {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents", "tools": [spawn]},
+             {"type": "web_search", "external_web_access": False}]  # fmt: skip
+    response = client.responses.create(model="m", input=[{"role": "developer", "content": "Delegate."},
+                                                         {"role": "user", "content": "Find the bug."}],
+                                       tools=tools, tool_choice={"type": "function", "name": "spawn_agent"},
+                                       parallel_tool_calls=False, max_output_tokens=32, temperature=0)  # fmt: skip
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "spawn_agent" and call.namespace == "multi_agent_v1"
+    assert isinstance(json.loads(call.arguments)["task"], str)

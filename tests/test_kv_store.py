@@ -46,6 +46,27 @@ async def test_a_prefix_survives_an_unrelated_request(engine):
     assert fresh == answer
 
 
+async def test_saving_that_evicts_the_best_match_falls_back_to_prefilling(engine):
+    """The store's budget holds one conversation: saving the displaced one evicts the one asked for."""
+    encode = engine.info.tokenizer.encode
+    first = encode("The first conversation is about sorting algorithms and their complexity. " * 6)
+    second = encode("The second one is about network protocols, sockets and retries. " * 6)
+    per_token = sum(layer.attn.kv_cache.k[:, :, :1].nbytes * 2 for layer in engine.model.layers)
+    max_bytes = engine.kv_store.max_bytes
+    engine.kv_store.clear()
+    engine.kv_store.max_bytes = per_token * (len(first) + 40)
+    try:
+        await generate(engine, "ev-1", first)
+        await generate(engine, "ev-2", second)  # saves the first conversation
+        answer = await generate(engine, "ev-3", first + encode(" Which one is stable?"))  # saving the second evicts it
+        shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)  # "The"
+        assert engine.stats()["last_request"]["cached_tokens"] == shared  # the live cache's, nothing restored
+        assert answer and engine.stats()["kv_store"]["bytes"] <= engine.kv_store.max_bytes
+    finally:
+        engine.kv_store.max_bytes = max_bytes
+        engine.kv_store.clear()
+
+
 def caches(n_layers=2, max_len=256) -> list[KVCache]:
     made = []
     for _ in range(n_layers):
