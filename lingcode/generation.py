@@ -11,6 +11,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator, Sequence
 
+from lingcode import metrics
 from lingcode.detokenize import IncrementalDetokenizer
 from lingcode.engine import SamplingParams
 from lingcode.scheduler import Scheduler
@@ -65,7 +66,7 @@ class TextChunk:
     timing: Timing | None = None  # last chunk only
 
 
-async def generate_text(
+def generate_text(
     scheduler: Scheduler,
     tokenizer: Tokenizer,
     request_id: str,
@@ -73,7 +74,21 @@ async def generate_text(
     params: SamplingParams,
     stop: Sequence[str] = (),
 ) -> AsyncIterator[TextChunk]:
-    """Stream a request's text. Closing this iterator early aborts the request in the engine."""
+    """Stream a request's text. Closing this iterator early aborts the request in the engine.
+
+    Every stream's outcome (timings, finish reason, abort, failure) goes to lingcode.metrics.
+    """
+    return metrics.observe(_text_stream(scheduler, tokenizer, request_id, input_ids, params, stop), request_id)
+
+
+async def _text_stream(
+    scheduler: Scheduler,
+    tokenizer: Tokenizer,
+    request_id: str,
+    input_ids: list[int],
+    params: SamplingParams,
+    stop: Sequence[str],
+) -> AsyncIterator[TextChunk]:
     end_ids = frozenset(params.stop_token_ids) | (
         frozenset() if params.ignore_eos else frozenset(scheduler.engine.info.eos_token_ids)
     )
