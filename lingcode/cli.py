@@ -44,6 +44,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        allow_remote=args.allow_remote,
+        allowed_hosts=tuple(args.allow_host),
+        allowed_origins=tuple(args.allow_origin),
+        unix_socket=args.unix_socket,
+        log_format=args.log_format,
         **sglang,
     )
 
@@ -211,6 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        default="info", help="log verbosity (default: info)")
+    serve.add_argument("--log-format", choices=["json", "text"], default="json",
+                       help="log lines as JSON objects or key=value text, each with its request id (default: json)")
+    serve.add_argument("--allow-remote", action="store_true",
+                       help="permit a --host that is not loopback (prints a warning); see SECURITY.md")
+    serve.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                       help="also serve requests whose Host header is NAME (besides localhost, 127.0.0.1, ::1 "
+                            "and the bound address); repeatable. Other names are refused (DNS rebinding)")
+    serve.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
+                       help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API, with CORS; "
+                            "repeatable. Requests from any other browser origin are refused")
+    serve.add_argument("--unix-socket", metavar="PATH", type=Path, default=None,
+                       help="also listen on a Unix socket at PATH, mode 0600 (this user only); its clients need "
+                            "no token")
     serve.set_defaults(func=cmd_serve)
 
     pull = sub.add_parser("pull", help="download a catalog model and check its sha256",

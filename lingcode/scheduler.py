@@ -3,6 +3,10 @@
 At concurrency 1 the engine runs one request at a time. Others wait here in arrival order. A
 request whose client goes away is dropped from the queue if it was waiting, or aborted in the
 engine if it was running: no engine time is spent on work nobody will read.
+
+When the daemon stops, shut_down() ends every running and waiting request with EngineUnavailable,
+so that each client gets an error (an error event on a stream) rather than a normal-looking end,
+and refuses new ones.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections import OrderedDict
 from contextlib import aclosing
 from typing import AsyncIterator
 
-from lingcode.engine import Engine, SamplingParams, TokenChunk
+from lingcode.engine import Engine, EngineUnavailable, SamplingParams, TokenChunk
 
 
 class QueueFull(Exception):
@@ -29,17 +33,22 @@ class Scheduler:
         self.max_queue = max_queue
         self._waiting: OrderedDict[str, asyncio.Future] = OrderedDict()
         self._running: str | None = None
+        self._closing: str | None = None  # set by shut_down(): why requests are refused
         self._counters = dict.fromkeys(("submitted", "completed", "aborted", "dropped_while_queued", "rejected"), 0)
 
     async def generate(
         self, request_id: str, input_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenChunk]:
         """Wait for the slot, then stream the engine's chunks. Closing this iterator cancels."""
+        if self._closing is not None:
+            raise EngineUnavailable(self._closing)
         if len(self._waiting) >= self.max_queue:
             self._counters["rejected"] += 1
             raise QueueFull(len(self._waiting))
         self._counters["submitted"] += 1
         if not await self._acquire(request_id):
+            if self._closing is not None:
+                raise EngineUnavailable(self._closing)
             yield TokenChunk([], "abort")  # cancelled while waiting: it never reached the engine
             return
         finished = False
@@ -48,6 +57,8 @@ class Scheduler:
             # aborts the request within a step instead of whenever the garbage collector runs.
             async with aclosing(self.engine.generate(request_id, input_ids, params)) as chunks:
                 async for chunk in chunks:
+                    if chunk.finish_reason == "abort" and self._closing is not None:
+                        raise EngineUnavailable(self._closing)
                     finished = chunk.finish_reason not in (None, "abort")
                     yield chunk
                     if chunk.finish_reason is not None:
@@ -68,6 +79,13 @@ class Scheduler:
             self._counters["dropped_while_queued"] += 1
             waiter.set_result(False)
         return True
+
+    async def shut_down(self, reason: str) -> None:
+        """Refuse new requests, and end the running and waiting ones with EngineUnavailable(reason)."""
+        self._closing = reason
+        for request_id in [self._running, *self._waiting]:
+            if request_id is not None:
+                await self.cancel(request_id)
 
     def stats(self) -> dict:
         return {**self._counters, "running": self._running, "queued": list(self._waiting), "max_queue": self.max_queue}
