@@ -268,7 +268,24 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
+    # Optional suites after the decode options: `lingcode bench --workload chat` is unchanged.
+    bench_suites = bench.add_subparsers(dest="bench_suite", required=False, metavar="SUITE")
+    from lingcode.bench.soak import add_arguments as add_soak_arguments
+
+    soak = bench_suites.add_parser(
+        "soak", help="sequential agent turns with completions and cancellations: memory, leaks, stuck queue",
+        description="Soak a daemon (one it starts, or --url): agent turns, editor completions and cancellations "
+                    "at concurrency 1; checks memory growth, leaks and the queue. Exit 1 if a check fails.",
+    )  # fmt: skip
+    add_soak_arguments(soak)
+    soak.set_defaults(func=cmd_bench_soak)
     return parser
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from lingcode.bench import soak
+
+    return soak.run(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
