@@ -9,7 +9,8 @@
   other request that carries an Origin is refused. Configured origins also get CORS answers
   (Starlette's CORSMiddleware, added in app.py), so such a page can read the replies.
 
-Both are 403s in OpenAI's error shape, for every path (/health included).
+Both are 403s in OpenAI's error shape, for every path (/health included); a WebSocket is closed
+before it is accepted (the server answers 403).
 """
 
 from __future__ import annotations
@@ -63,17 +64,21 @@ class AccessGuard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
+        error = self.refusal(Headers(scope=scope))
+        if error is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": error.message[:120]})
+        else:
+            await error.response()(scope, receive, send)
+
+    def refusal(self, headers: Headers) -> APIError | None:
         host = headers.get("host")
         if not self.host_allowed(host):
-            error = APIError(403, f"Host {host!r} is not served here: use localhost or 127.0.0.1, or start the "
-                                  "daemon with --allow-host for this name", code="host_not_allowed")  # fmt: skip
-            await error.response()(scope, receive, send)
-            return
+            return APIError(403, f"Host {host!r} is not served here: use localhost or 127.0.0.1, or start the "
+                                 "daemon with --allow-host for this name", code="host_not_allowed")  # fmt: skip
         origin = headers.get("origin")
         if origin is not None and normalize_origin(origin) not in self.allowed_origins:
-            error = APIError(403, f"requests from web pages (Origin {origin!r}) are refused; start the daemon "
-                                  "with --allow-origin for a page you trust", code="origin_not_allowed")  # fmt: skip
-            await error.response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+            return APIError(403, f"requests from web pages (Origin {origin!r}) are refused; start the daemon "
+                                 "with --allow-origin for a page you trust", code="origin_not_allowed")  # fmt: skip
+        return None

@@ -150,3 +150,24 @@ def test_request_ids_in_responses_and_in_the_json_logs(http, daemon):
     assert generation["finish_reason"] in ("stop", "length") and generation["ttft_ms"] > 0
     assert any(line.get("request_id") == generated for line in lines)
     assert daemon.token not in daemon.log.read_text()  # the token is never logged
+
+
+def test_log_lines_carry_the_request_context_in_both_formats():
+    import logging
+
+    from lingcode import metrics
+    from lingcode.server.logs import JSONFormatter, TextFormatter
+
+    record = logging.LogRecord("lingcode.access", logging.INFO, __file__, 1, "GET %s %d", ("/v1/models", 200), None)
+    record.status = 200
+    tokens = metrics.request_id.set("req-abc"), metrics.route.set("/v1/models")
+    try:
+        as_json = json.loads(JSONFormatter().format(record))
+        as_text = TextFormatter().format(record)
+    finally:
+        metrics.request_id.reset(tokens[0])
+        metrics.route.reset(tokens[1])
+    assert as_json["msg"] == "GET /v1/models 200" and as_json["level"] == "info" and as_json["status"] == 200
+    assert as_json["request_id"] == "req-abc" and as_json["route"] == "/v1/models"
+    assert "INFO" in as_text and 'request_id="req-abc"' in as_text and "status=200" in as_text
+

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from lingcode.server import daemon as d
-from lingcode.server.access import host_name
+from lingcode.server.access import AccessGuard, host_name
 
 ALLOWED_HOST = "lingcode.test"
 ALLOWED_ORIGIN = "http://localhost:5173"
@@ -142,6 +142,27 @@ def test_a_request_without_a_host_header_is_refused(guarded):
         while chunk := conn.recv(65536):
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 403"), reply[:200]
+
+
+def test_a_websocket_from_another_host_or_page_is_closed_before_it_opens():
+    """No route is a WebSocket today; the guard covers one added later all the same."""
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    async def hello(websocket):
+        await websocket.accept()
+        await websocket.send_text("hello")
+        await websocket.close()
+
+    client = TestClient(AccessGuard(Starlette(routes=[WebSocketRoute("/ws", hello)])), base_url="http://localhost")
+    with client.websocket_connect("ws://localhost/ws") as websocket:
+        assert websocket.receive_text() == "hello"
+    for headers in ({"Origin": "https://attacker.example"}, {"Host": "attacker.example"}):
+        with pytest.raises(WebSocketDisconnect) as closed, client.websocket_connect("ws://localhost/ws", headers=headers):
+            pass
+        assert closed.value.code == 1008
 
 
 def test_host_names_are_parsed_like_browsers_send_them():
