@@ -45,6 +45,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         log_level=args.log_level,
         session_idle_s=args.session_idle,
+        allow_remote=args.allow_remote,
+        allowed_hosts=tuple(args.allow_host),
+        allowed_origins=tuple(args.allow_origin),
+        unix_socket=args.unix_socket,
+        log_format=args.log_format,
         **sglang,
     )
 
@@ -255,6 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="agent sessions (/v1/sessions) are forgotten after S seconds without a turn (default: 1800)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        default="info", help="log verbosity (default: info)")
+    serve.add_argument("--log-format", choices=["json", "text"], default="json",
+                       help="log lines as JSON objects or key=value text, each with its request id (default: json)")
+    serve.add_argument("--allow-remote", action="store_true",
+                       help="permit a --host that is not loopback (prints a warning); see SECURITY.md")
+    serve.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                       help="also serve requests whose Host header is NAME (besides localhost, 127.0.0.1, ::1 "
+                            "and the bound address); repeatable. Other names are refused (DNS rebinding)")
+    serve.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
+                       help="let web pages from ORIGIN (e.g. http://localhost:3000) call the API, with CORS; "
+                            "repeatable. Requests from any other browser origin are refused")
+    serve.add_argument("--unix-socket", metavar="PATH", type=Path, default=None,
+                       help="also listen on a Unix socket at PATH, mode 0600 (this user only); its clients need "
+                            "no token")
     serve.set_defaults(func=cmd_serve)
 
     pull = sub.add_parser("pull", help="download a catalog model and check its sha256",
@@ -341,6 +359,16 @@ def build_parser() -> argparse.ArgumentParser:
                              help="arguments for `lingcode serve` when no daemon runs yet (must come last)")
     bench_agent.set_defaults(func=cmd_bench_agent)
 
+    from lingcode.bench.soak import add_arguments as add_soak_arguments
+
+    soak = benches.add_parser(
+        "soak", help="sequential agent turns with completions and cancellations: memory, leaks, stuck queue",
+        description="Soak a daemon (one it starts, or --url): agent turns, editor completions and cancellations "
+                    "at concurrency 1; checks memory growth, leaks and the queue. Exit 1 if a check fails.",
+    )  # fmt: skip
+    add_soak_arguments(soak)
+    soak.set_defaults(func=cmd_bench_soak)
+
     chat = sub.add_parser("chat", help="chat with the model, or let it work as an agent, in the terminal",
                           description="The terminal chat: streamed Markdown, sessions, slash commands, agent mode. "
                                       "Starts a daemon if none runs. Enter sends, Ctrl+J adds a line, Esc stops, "
@@ -361,6 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="model for a daemon that chat starts (a running daemon keeps its own)")
     chat.set_defaults(func=cmd_chat)
     return parser
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from lingcode.bench import soak
+
+    return soak.run(args)
 
 
 

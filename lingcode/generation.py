@@ -11,6 +11,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, Sequence
 
+from lingcode import metrics
 from lingcode.detokenize import IncrementalDetokenizer
 from lingcode.engine import SamplingParams
 from lingcode.scheduler import Priority, Scheduler
@@ -78,7 +79,7 @@ class TextChunk:
     stop_string: str | None = None  # last chunk only: the stop string that ended the text, if one did
 
 
-async def generate_text(
+def generate_text(
     scheduler: Scheduler,
     tokenizer: Tokenizer,
     request_id: str,
@@ -93,8 +94,24 @@ async def generate_text(
     """Stream a request's text. Closing this iterator early aborts the request in the engine.
 
     `cut` ends the text where the caller's rule says, after the stop strings; `priority` and
-    `latest_wins` go to the scheduler.
+    `latest_wins` go to the scheduler. Every stream's outcome (timings, finish reason, abort,
+    failure) goes to lingcode.metrics.
     """
+    stream = _text_stream(scheduler, tokenizer, request_id, input_ids, params, stop, cut, priority, latest_wins)
+    return metrics.observe(stream, request_id)
+
+
+async def _text_stream(
+    scheduler: Scheduler,
+    tokenizer: Tokenizer,
+    request_id: str,
+    input_ids: list[int],
+    params: SamplingParams,
+    stop: Sequence[str],
+    cut: TextCut | None,
+    priority: Priority,
+    latest_wins: str | None,
+) -> AsyncIterator[TextChunk]:
     end_ids = frozenset(params.stop_token_ids) | (
         frozenset() if params.ignore_eos else frozenset(scheduler.engine.info.eos_token_ids)
     )

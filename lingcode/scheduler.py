@@ -17,6 +17,10 @@ a chat or an agent streams for seconds, so:
 - latest wins: a request submitted with a `latest_wins` key (the LSP sends the document) cancels
   the running or waiting request that holds the same key. The user has typed on; the old
   suggestion is stale.
+
+When the daemon stops, shut_down() ends every running and waiting request with EngineUnavailable,
+so that each client gets an error (an error event on a stream) rather than a normal-looking end,
+and refuses new ones.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from contextlib import aclosing
 from enum import IntEnum
 from typing import AsyncIterator
 
-from lingcode.engine import Engine, SamplingParams, TokenChunk
+from lingcode.engine import Engine, EngineUnavailable, SamplingParams, TokenChunk
 
 
 class Priority(IntEnum):
@@ -57,6 +61,7 @@ class Scheduler:
             ("submitted", "completed", "aborted", "dropped_while_queued", "rejected", "preempted", "resumed",
              "superseded"), 0,
         )  # fmt: skip
+        self._closing: str | None = None  # set by shut_down(): why requests are refused
 
     async def generate(
         self,
@@ -68,6 +73,8 @@ class Scheduler:
         latest_wins: str | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """Wait for the slot, then stream the engine's chunks. Closing this iterator cancels."""
+        if self._closing is not None:
+            raise EngineUnavailable(self._closing)
         if self._queued() >= self.max_queue:
             self._counters["rejected"] += 1
             raise QueueFull(self._queued())
@@ -77,6 +84,8 @@ class Scheduler:
         finished = False
         try:
             if not await self._acquire(request_id, priority):
+                if self._closing is not None:
+                    raise EngineUnavailable(self._closing)
                 yield TokenChunk([], "abort")  # cancelled while waiting: it never reached the engine
                 return
             generated: list[int] = []
@@ -86,6 +95,8 @@ class Scheduler:
                 # aborts the request within a step instead of whenever the garbage collector runs.
                 async with aclosing(self._segment(request_id, input_ids, generated, params)) as chunks:
                     async for chunk in chunks:
+                        if chunk.finish_reason == "abort" and self._closing is not None:
+                            raise EngineUnavailable(self._closing)
                         if chunk.finish_reason == "abort" and request_id in self._preempting:
                             break  # yielding the slot, not ending
                         if not generated:
@@ -148,6 +159,21 @@ class Scheduler:
                     waiter.set_result(False)
                 return True
         return False
+
+    async def shut_down(self, reason: str) -> None:
+        """Refuse new requests, and end the running and waiting ones with EngineUnavailable(reason)."""
+        self._closing = reason
+        for request_id in [self._running, *self._waiting]:
+            if request_id is not None:
+                await self.cancel(request_id)
+
+    async def shut_down(self, reason: str) -> None:
+        """Refuse new requests, and end the running and waiting ones with EngineUnavailable(reason)."""
+        self._closing = reason
+        waiting = [request_id for queue in self._waiting.values() for request_id in queue]
+        for request_id in [self._running, *waiting]:
+            if request_id is not None:
+                await self.cancel(request_id)
 
     def stats(self) -> dict:
         queued = [request_id for queue in self._waiting.values() for request_id in queue]

@@ -9,6 +9,11 @@
     /v1/sessions...              token-exact agent sessions (server/sessions_routes.py)
     POST /v1/messages[/count_tokens]  Anthropic Messages (server/anthropic_routes.py)
     POST /v1/responses           OpenAI Responses (server/openai_responses_routes.py)
+    GET  /metrics                Prometheus metrics (server/observability.py)
+    GET  /openapi.json           this API's OpenAPI document (server/openapi.py)
+
+Around the routes, outermost first: request ids, metrics and access logs (observability.py); the
+Host and Origin checks (access.py); CORS for configured origins; the token (auth.py).
 
 create_app() takes what it serves as arguments, so the daemon (server/daemon.py) and tests build
 it the same way.
@@ -16,18 +21,22 @@ it the same way.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from lingcode import __version__
 from lingcode.engine import ModelInfo
 from lingcode.scheduler import Scheduler
-from lingcode.server import errors
+from lingcode.server import errors, openapi
+from lingcode.server.access import AccessGuard
 from lingcode.server.anthropic_routes import AnthropicRoutes
-from lingcode.server.auth import TokenAuth
+from lingcode.server.auth import OPEN_PATHS, TokenAuth
 from lingcode.server.body import MAX_BODY_BYTES
 from lingcode.server.completion_routes import CompletionRoutes
+from lingcode.server.observability import RequestObserver, add_metrics_route
 from lingcode.server.openai_responses_routes import ResponsesRoutes
 from lingcode.server.openai_routes import OpenAIRoutes
 from lingcode.server.sessions_routes import SessionRoutes
@@ -37,11 +46,20 @@ from lingcode.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
 def create_app(
     scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES,
     session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    allowed_hosts: tuple[str, ...] = (), allowed_origins: tuple[str, ...] = (), unix_socket: str | None = None,
 ) -> FastAPI:
-    # No /docs or /openapi.json: the API is OpenAI's, and every path that is not a route is a 404.
-    app = FastAPI(title="lingcode", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    """allowed_hosts / allowed_origins: Host names and browser origins served besides loopback ones
+    (server/access.py); unix_socket: the path of the daemon's own socket, whose clients need no token."""
+    # No /docs: /openapi.json (behind the token) is for tools; every other path that is not a route is a 404.
+    app = FastAPI(title="lingcode", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.openapi = functools.partial(openapi.document, app, OPEN_PATHS)
     errors.install(app)
-    app.add_middleware(TokenAuth, token=token)
+    app.add_middleware(TokenAuth, token=token, unix_socket=unix_socket)
+    if allowed_origins:  # preflights are answered here, before the token (browsers send none with them)
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])  # fmt: skip
+    app.add_middleware(AccessGuard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
+    app.add_middleware(RequestObserver, routes=app.router.routes)
     sessions = SessionStore(session_idle_s)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -73,6 +91,7 @@ def create_app(
         return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": completions.stats(),
                 "sessions": sessions.stats()}
 
+    add_metrics_route(app, scheduler)
     OpenAIRoutes(scheduler, info, model_id, max_body_bytes).install(app)
     completions.install(app)
     SessionRoutes(scheduler, info, model_id, max_body_bytes, sessions).install(app)

@@ -4,6 +4,10 @@ An over-size body is a 413, known from Content-Length when the client sends one,
 reading (chunked uploads). Either way the rest of the body is read and thrown away (up to a cap),
 never kept: a client still sending when we answered would otherwise get a reset connection
 instead of the 413.
+
+What Python's json module accepts beyond JSON is a 400 too, found by fuzzing: NaN and Infinity,
+nesting deeper than the parser's recursion limit, and lone UTF-16 surrogates ("\ud800"), which
+are no text a tokenizer can take.
 """
 
 from __future__ import annotations
@@ -41,8 +45,34 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
     if not body.strip():
         raise invalid("the request body is empty; send a JSON object")
     try:
-        return json.loads(body)
+        data = json.loads(body, parse_constant=_not_json)
     except UnicodeDecodeError:
         raise invalid("the request body is not UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
+    _check_text(data)
+    return data
+
+
+def _not_json(constant: str) -> None:
+    raise invalid(f"the request body is not valid JSON: {constant} is not a JSON number")
+
+
+def _check_text(data: object) -> None:
+    """Every string (keys too) must be Unicode text: no lone surrogates. Iterative: depth is unbounded here."""
+    pending = [data]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise invalid("the request body contains a lone UTF-16 surrogate escape; it is not text") from None
+        elif isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)

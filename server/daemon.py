@@ -2,10 +2,13 @@
 
 In order: refuse if a daemon is already answering at the address daemon.json names; make sure
 the token file exists (created once, 0600); bind the socket (so `--port 0` gets a free port
-whose number we know, and a busy port fails before the model loads); load the engine; run
-uvicorn on that socket. Once uvicorn accepts connections, daemon.json (url, pid, engine, model,
-token file) is written for clients to find us; on a clean exit (Ctrl+C, SIGTERM) it is removed,
-if it is still ours.
+whose number we know, and a busy port fails before the model loads), and the optional Unix
+socket (0600, no token needed); load the engine; run uvicorn on those sockets. Once uvicorn
+accepts connections, daemon.json (url, pid, engine, model, token file, socket) is written for
+clients to find us; on a clean exit (Ctrl+C, SIGTERM) running requests end with an error, and
+daemon.json (if it is still ours) and the Unix socket are removed.
+
+Only loopback addresses are bound unless --allow-remote is given, and then with a warning.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import secrets
 import shlex
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -149,6 +153,36 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix_socket(path: Path) -> socket.socket:
+    """Bind a Unix socket that only this user can connect to: 0600 from the moment it exists.
+
+    A socket file left by a daemon that died is replaced; one that something still listens on, or
+    a path that is not a socket, is an error (OSError with a message that says which).
+    """
+    if path.is_symlink() or path.exists():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise OSError(f"{path} exists and is not a socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                path.unlink(missing_ok=True)  # stale: nobody listens there
+            else:
+                raise OSError(f"another process listens on {path}")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    previous = os.umask(0o177)  # the socket file is created by bind(): never, even briefly, open to others
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.umask(previous)
+    sock.set_inheritable(True)
+    return sock
+
+
 def socket_url(sock: socket.socket) -> str:
     """The URL clients use: the bound address with its real port (a wildcard address -> loopback)."""
     host, port = sock.getsockname()[:2]
@@ -177,14 +211,24 @@ def serve(
     engine_url: str | None = None,
     profile: str | None = None,
     session_idle_s: float = 1800.0,
+    allow_remote: bool = False,
+    allowed_hosts: tuple[str, ...] = (),
+    allowed_origins: tuple[str, ...] = (),
+    unix_socket: Path | None = None,
+    log_format: str = "json",
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
 
     engine "sglang": `model_path` is the model directory (None: the profile's), `profile` the
     SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
+    allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
+    browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
     """
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
+    if not is_loopback(host) and not allow_remote:
+        return _fail(f"--host {host} is not a loopback address: anyone who can reach this machine could try "
+                     "the token. Pass --allow-remote as well if that is what you want", EXIT_USAGE)  # fmt: skip
     daemon_file = paths.daemon_file()
     if (other := running_daemon(daemon_file)) is not None:
         return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']}; stop it first "
@@ -192,12 +236,26 @@ def serve(
     token_file = paths.token_file()
     token = ensure_token(token_file)
     if not is_loopback(host):
-        print(f"lingcode serve: WARNING: listening on {host}, not loopback: anyone who can reach this "
-              "machine and has the token can use the model", file=sys.stderr, flush=True)  # fmt: skip
+        wildcard = host in ("0.0.0.0", "::", "")
+        served = ", ".join(["localhost", "127.0.0.1", "::1", *([] if wildcard else [host]), *allowed_hosts])
+        print(f"lingcode serve: WARNING: listening on {host}, not loopback (--allow-remote): anyone who can "
+              f"reach this machine and has the token can use the model. Host names served: {served} "
+              "(add more with --allow-host)", file=sys.stderr, flush=True)  # fmt: skip
+        if not wildcard:
+            allowed_hosts = (*allowed_hosts, host)
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    unix_sock = None
+    if unix_socket is not None:
+        unix_socket = Path(unix_socket).absolute()
+        try:
+            unix_sock = bind_unix_socket(unix_socket)
+        except OSError as exc:
+            sock.close()
+            return _fail(f"cannot listen on {unix_socket}: {exc.strerror or exc}")
+    sockets = [sock] if unix_sock is None else [sock, unix_sock]
 
     started = time.perf_counter()
     try:
@@ -212,13 +270,13 @@ def serve(
 
             local_engine = load_engine(Path(model_path), device=device)
     except KeyboardInterrupt:
-        sock.close()
+        _close(sockets, unix_socket)
         return 130
     except EngineStartError as exc:  # no GPU, no model directory, SGLang died while loading: one line
-        sock.close()
+        _close(sockets, unix_socket)
         return _fail(str(exc), EXIT_USAGE)
     except Exception as exc:  # a bad file, an unsupported architecture, no CUDA: say so, no traceback
-        sock.close()
+        _close(sockets, unix_socket)
         return _fail(f"could not load {model_path}: {type(exc).__name__}: {exc}")
     info = local_engine.info
     model_name = model_name or info.name
@@ -228,26 +286,42 @@ def serve(
          f"{info.context_length} tokens of context)")  # fmt: skip
 
     from lingcode.scheduler import Scheduler
+    from lingcode.server import logs
     from lingcode.server.app import create_app
 
+    log_config = logs.configure(log_level, log_format)
+
     scheduler = Scheduler(local_engine, max_queue=max_queue)
-    app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s)
+    app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,
+                     allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
+                     unix_socket=str(unix_socket) if unix_socket else None)  # fmt: skip
     url = socket_url(sock)
     record = {
         "url": url, "pid": os.getpid(), "engine": engine, "model": model_name, "model_path": str(model_path),
         "token_file": str(token_file), "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "version": __version__,
     }  # fmt: skip
+    if unix_socket is not None:
+        record["socket"] = str(unix_socket)
 
     def ready() -> None:
         write_daemon_file(daemon_file, record)
         _say(banner(model_name, url, token_file, daemon_file))
+        if unix_socket is not None:
+            _say(f"  socket: {unix_socket} (this user only, no token needed)")
 
     try:
-        return _run_uvicorn(app, sock, scheduler, log_level, ready)
+        return _run_uvicorn(app, sockets, scheduler, log_config, log_level, ready)
     finally:
         remove_daemon_file(daemon_file)
+        _close(sockets, unix_socket)
+
+
+def _close(sockets: list[socket.socket], unix_socket: Path | None) -> None:
+    for sock in sockets:
         sock.close()
+    if unix_socket is not None:
+        unix_socket.unlink(missing_ok=True)
 
 
 def banner(model_name: str, url: str, token_file: Path, daemon_file: Path) -> str:
@@ -263,12 +337,14 @@ def banner(model_name: str, url: str, token_file: Path, daemon_file: Path) -> st
     )
 
 
-def _run_uvicorn(app, sock: socket.socket, scheduler, log_level: str, ready) -> int:
-    """Serve `app` on `sock` until SIGINT/SIGTERM; call ready() once connections are accepted."""
+def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict, log_level: str, ready) -> int:
+    """Serve `app` on `sockets` until SIGINT/SIGTERM; call ready() once connections are accepted."""
     import uvicorn
 
+    # access_log off: lingcode.access (server/observability.py) logs each request with its id.
+    # proxy_headers off: nothing sits in front of the daemon, so X-Forwarded-For is never believed.
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=log_level in ("info", "debug"),
+        app, log_config=log_config, log_level=log_level, access_log=False, proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )  # fmt: skip
     server = uvicorn.Server(config)
@@ -278,7 +354,7 @@ def _run_uvicorn(app, sock: socket.socket, scheduler, log_level: str, ready) -> 
     stop_signals = (signal.SIGINT, signal.SIGTERM) if in_main_thread else ()
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in stop_signals}
     try:
-        asyncio.run(_serve_until_stopped(server, sock, scheduler, ready))
+        asyncio.run(_serve_until_stopped(server, sockets, scheduler, ready))
     except SystemExit as exc:  # uvicorn's startup failure
         return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     finally:
@@ -288,14 +364,14 @@ def _run_uvicorn(app, sock: socket.socket, scheduler, log_level: str, ready) -> 
     return EXIT_OK
 
 
-async def _serve_until_stopped(server, sock: socket.socket, scheduler, ready) -> None:
-    """uvicorn's serve(), plus: daemon.json once it accepts, and aborts once it is asked to stop.
+async def _serve_until_stopped(server, sockets: list[socket.socket], scheduler, ready) -> None:
+    """uvicorn's serve(), plus: daemon.json once it accepts, and a scheduler shut-down once asked to stop.
 
-    On Ctrl+C / SIGTERM uvicorn waits for open responses to end. Aborting what runs and waits
-    makes them end at once, properly (finish_reason "abort", then [DONE] on streams), instead of
-    being cut when the graceful-shutdown timeout runs out.
+    On Ctrl+C / SIGTERM uvicorn waits for open responses to end. Shutting the scheduler down makes
+    them end at once, each with an error a client can see (a 503, or an error event then [DONE]
+    on a stream), instead of being cut when the graceful-shutdown timeout runs out.
     """
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    serving = asyncio.create_task(server.serve(sockets=sockets))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)
     try:
@@ -303,10 +379,8 @@ async def _serve_until_stopped(server, sock: socket.socket, scheduler, ready) ->
             ready()
         while not serving.done():
             if server.should_exit:
-                now = scheduler.stats()
-                for request_id in [now["running"], *now["queued"]]:
-                    if request_id is not None:
-                        await scheduler.cancel(request_id)
+                await scheduler.shut_down("the daemon is shutting down; retry once it is back")
+                break
             await asyncio.wait({serving}, timeout=0.05)
         await serving
     finally:

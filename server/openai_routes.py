@@ -24,6 +24,7 @@ from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
 from lingcode.server.openai_api import ChatCompletionRequest, CompletionRequest, parse
+from lingcode.server.openapi import request_body
 from lingcode.server.responses import DONE, CompletionShape, Shape, sse
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
 
@@ -55,8 +56,10 @@ class OpenAIRoutes:
         self.max_body_bytes = max_body_bytes
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"])
-        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
+        app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"],
+                          openapi_extra=request_body(ChatCompletionRequest))  # fmt: skip
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"],
+                          openapi_extra=request_body(CompletionRequest))  # fmt: skip
 
     async def chat(self, request: Request) -> Response:
         """Chat with tools, reasoning and response formats: a lingcode.turns turn (server/chat_turns.py)."""

@@ -51,7 +51,8 @@ def serve(engine):
     def make(script):
         scripted = ScriptedEngine(engine.info, script)
         app = create_app(Scheduler(scripted), engine.info, TOKEN, model_id="scripted")
-        client = TestClient(app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {TOKEN}"})
+        client = TestClient(app, base_url="http://localhost", raise_server_exceptions=False,
+                            headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
         return client, scripted
 
     return make

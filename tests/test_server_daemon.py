@@ -105,7 +105,7 @@ def test_wildcard_addresses_get_a_loopback_url():
     assert not d.is_loopback("0.0.0.0") and not d.is_loopback("192.168.1.2")
 
 
-def test_ctrl_c_mid_stream_aborts_it_cleanly_and_exits_0(model_path, tmp_path):
+def test_ctrl_c_mid_stream_ends_it_with_an_error_event_and_exits_0(model_path, tmp_path):
     """A second daemon of its own: Ctrl+C while a long stream runs (the session daemon covers SIGTERM)."""
     env = {**os.environ, "LINGCODE_HOME": str(tmp_path)}
     command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
@@ -128,7 +128,8 @@ def test_ctrl_c_mid_stream_aborts_it_cleanly_and_exits_0(model_path, tmp_path):
             process.send_signal(signal.SIGINT)
             events = [line.removeprefix("data: ") for line in lines if line]
         assert events[-1] == "[DONE]"
-        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+        error = json.loads(events[-2])["error"]  # not a normal-looking end: the client learns it was cut
+        assert error["code"] == "engine_unavailable" and "shutting down" in error["message"]
         assert process.wait(timeout=30) == 0, log_path.read_text()
         assert not daemon_file.exists()
         assert "Traceback" not in log_path.read_text()

@@ -8,11 +8,22 @@ from torch import Tensor
 from lingcode.engine import SamplingParams
 
 
+# The smallest temperature float32 divides by: a smaller one (5e-324 is a valid request) would round to 0.
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
+
+
+def scale(logits: Tensor, temperature: float) -> Tensor:
+    """logits / temperature in float32, shifted so each row's max is 0: never inf - inf = nan, however
+    small the temperature (the T -> 0 limit: all mass on the max)."""
+    logits = logits.float()
+    return (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, MIN_TEMPERATURE)
+
+
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> Tensor:
     """logits [V] -> a 0-d token id tensor on the same device (no host sync here)."""
     if params.greedy:
         return logits.argmax(dim=-1)
-    logits = logits.float() / params.temperature
+    logits = scale(logits, params.temperature)
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from lingcode.engine import SamplingParams
+from lingcode.engine.local.sampling import scale
 
 
 class Drafter(Protocol):
@@ -72,7 +73,7 @@ class NGramDrafter:
 
 def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     """The distribution plain sampling draws from (temperature, top-k, top-p), rows of logits [n, V]."""
-    logits = logits.float() / params.temperature
+    logits = scale(logits, params.temperature)
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -1,0 +1,162 @@
+"""What lingcode measures about generation, in Prometheus terms, once for every route and engine.
+
+Every text stream (lingcode.generation.generate_text) passes through observe(), which records its
+outcome when it ends: time to first token and time per output token (histograms), tokens accepted
+per speculative step, and whether it finished, was aborted (its client left, or it was cancelled)
+or failed. Queue depth and the engine's and scheduler's counters are read at scrape time
+(StatsCollector), so they never drift from stats().
+
+Labels come from two context variables that the HTTP layer sets for each request: the route
+(a path template such as "/v1/chat/completions", never a raw path: bounded cardinality) and the
+request id (for logs). Core code never needs to know which API it is serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import aclosing
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+if TYPE_CHECKING:
+    from lingcode.generation import TextChunk
+    from lingcode.scheduler import Scheduler
+
+route: ContextVar[str] = ContextVar("lingcode_route", default="none")
+request_id: ContextVar[str | None] = ContextVar("lingcode_request_id", default=None)
+
+log = logging.getLogger("lingcode.generation")
+
+# Metrics are created unregistered: each app's registry (registry_for) registers them, so that
+# several apps in one process (tests) share the counts without clashing in a global registry.
+TTFT = Histogram(
+    "lingcode_time_to_first_token_seconds", "Time from submission (queueing included) to the first token.",
+    ["route"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=None,
+)  # fmt: skip
+TPOT = Histogram(
+    "lingcode_time_per_output_token_seconds", "Mean time per output token after the first, per request.",
+    ["route"], buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.1, 0.2, 0.5, 1), registry=None,
+)  # fmt: skip
+ACCEPTED = Histogram(
+    "lingcode_accepted_tokens_per_step", "Speculative decoding: mean tokens accepted per verify step, per request.",
+    ["route"], buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16), registry=None,
+)  # fmt: skip
+GENERATIONS = Counter(
+    "lingcode_generations", "Generations that ended, by finish reason (stop, length, abort).",
+    ["route", "finish_reason"], registry=None,
+)  # fmt: skip
+ABORTS = Counter(
+    "lingcode_aborts", "Generations aborted: the client left, or the request was cancelled or superseded.",
+    ["route"], registry=None,
+)  # fmt: skip
+ERRORS = Counter(
+    "lingcode_generation_errors", "Generations that failed (queue full, engine error, engine unavailable), "
+    "also after a stream had started.", ["route", "error"], registry=None,
+)  # fmt: skip
+GENERATED_TOKENS = Counter("lingcode_generated_tokens", "Output tokens.", ["route"], registry=None)
+PROMPT_TOKENS = Counter("lingcode_prompt_tokens", "Prompt tokens, cached ones included.", ["route"], registry=None)
+
+GENERATION_METRICS = (TTFT, TPOT, ACCEPTED, GENERATIONS, ABORTS, ERRORS, GENERATED_TOKENS, PROMPT_TOKENS)
+
+
+async def observe(text: AsyncIterator["TextChunk"], generation_id: str) -> AsyncIterator["TextChunk"]:
+    """Pass a text stream through, recording how it ended. Closing this closes (aborts) `text`."""
+    label = route.get()
+    ended = False
+    try:
+        async with aclosing(text):
+            async for chunk in text:
+                if chunk.finish_reason is not None and not ended:
+                    ended = True
+                    _record_end(label, generation_id, chunk)
+                yield chunk
+    except (GeneratorExit, asyncio.CancelledError):  # the consumer stopped reading, or was cancelled (its
+        if not ended:  # client left) while it waited for the next chunk: nobody will read the rest
+            ABORTS.labels(label).inc()
+            GENERATIONS.labels(label, "abort").inc()
+            log.info("generation %s aborted: the client stopped reading", generation_id,
+                     extra={"generation_id": generation_id, "finish_reason": "abort"})  # fmt: skip
+        raise
+    except Exception as exc:
+        ERRORS.labels(label, type(exc).__name__).inc()
+        log.info("generation %s failed: %s: %s", generation_id, type(exc).__name__, exc,
+                 extra={"generation_id": generation_id, "error": type(exc).__name__})  # fmt: skip
+        raise
+
+
+def _record_end(label: str, generation_id: str, chunk: "TextChunk") -> None:
+    GENERATIONS.labels(label, chunk.finish_reason).inc()
+    if chunk.finish_reason == "abort":
+        ABORTS.labels(label).inc()
+    timing, usage = chunk.timing, chunk.usage
+    if timing is not None:
+        if timing.ttft_ms is not None:
+            TTFT.labels(label).observe(timing.ttft_ms / 1e3)
+        if timing.tpot_ms is not None:
+            TPOT.labels(label).observe(timing.tpot_ms / 1e3)
+        if timing.accept_length is not None:
+            ACCEPTED.labels(label).observe(timing.accept_length)
+    if usage is not None:
+        GENERATED_TOKENS.labels(label).inc(usage.completion_tokens)
+        PROMPT_TOKENS.labels(label).inc(usage.prompt_tokens)
+    fields = {"generation_id": generation_id, "finish_reason": chunk.finish_reason}
+    if usage is not None:
+        fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                      completion_tokens=usage.completion_tokens)  # fmt: skip
+    if timing is not None:
+        fields.update(ttft_ms=_round(timing.ttft_ms), tpot_ms=_round(timing.tpot_ms))
+    log.info("generation %s finished: %s", generation_id, chunk.finish_reason, extra=fields)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+class StatsCollector:
+    """Queue depth and the scheduler's and engine's counters, read from their stats() at scrape time."""
+
+    def __init__(self, scheduler: "Scheduler"):
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.scheduler.stats()
+        yield GaugeMetricFamily("lingcode_queue_depth", "Requests waiting for the engine.", value=len(stats["queued"]))
+        yield GaugeMetricFamily("lingcode_queue_limit", "Requests that may wait before new ones get a 429.",
+                                value=stats["max_queue"])  # fmt: skip
+        yield GaugeMetricFamily("lingcode_engine_busy", "1 while a request holds the engine.",
+                                value=int(stats["running"] is not None))  # fmt: skip
+        outcomes = CounterMetricFamily("lingcode_scheduler_requests", "Scheduler counters (GET /v1/lingcode/stats).",
+                                       labels=["outcome"])  # fmt: skip
+        for key, value in stats.items():
+            if _is_number(value) and key != "max_queue":
+                outcomes.add_metric([key], value)
+        yield outcomes
+        engine = GaugeMetricFamily("lingcode_engine_stat", "The engine's own numbers (GET /v1/lingcode/stats).",
+                                   labels=["stat"])  # fmt: skip
+        for key, value in self.scheduler.engine.stats().items():
+            if _is_number(value):
+                engine.add_metric([key], value)
+        yield engine
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def registry_for(scheduler: "Scheduler") -> CollectorRegistry:
+    """One daemon's registry: the process (memory, CPU, GC), generation metrics, and its scheduler's stats."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    for metric in GENERATION_METRICS:
+        registry.register(metric)
+    registry.register(StatsCollector(scheduler))
+    return registry

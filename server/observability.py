@@ -1,0 +1,104 @@
+"""Per request: an id, a route label, HTTP metrics and one access-log line; and GET /metrics.
+
+RequestObserver is the outermost middleware, so it sees every answer, the 401s, 403s and 404s of
+the guards included. It gives each request an id (the client's `X-Request-Id` when it sends a sane
+one, else a new one), returns it in the `X-Request-Id` response header, and sets lingcode.metrics'
+context variables, so that every log line and generation metric of the request carries its id and
+route. The route label is the matched route's path template ("/v1/models/{name:path}"), or
+"unmatched": raw paths would let any client grow the metrics without bound.
+
+GET /metrics is Prometheus' text format (prometheus-client), behind the token like every route.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from lingcode import metrics
+from lingcode.scheduler import Scheduler
+
+REQUEST_ID_HEADER = "x-request-id"
+_SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+HTTP_REQUESTS = Counter(
+    "lingcode_http_requests", "HTTP responses by route, method and status (errors: status >= 400).",
+    ["route", "method", "status"], registry=None,
+)  # fmt: skip
+HTTP_DURATION = Histogram(
+    "lingcode_http_request_duration_seconds", "Time until the response ended (a whole stream, for streams).",
+    ["route"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=None,
+)  # fmt: skip
+
+access_log = logging.getLogger("lingcode.access")
+
+
+def route_label(routes: list[BaseRoute], scope: Scope) -> str:
+    """The path template of the route that serves `scope` (or would, with another method)."""
+    other_method = None
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return getattr(route, "path", "unmatched")
+        if match is Match.PARTIAL and other_method is None:
+            other_method = getattr(route, "path", None)
+    return other_method or "unmatched"
+
+
+class RequestObserver:
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]):
+        self.app = app
+        self.routes = routes  # the app's live list: routes added after this middleware are seen too
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = Headers(scope=scope).get(REQUEST_ID_HEADER, "")
+        request_id = sent if _SANE_ID.fullmatch(sent) else f"req-{secrets.token_hex(8)}"
+        label = route_label(self.routes, scope)
+        id_token, route_token = metrics.request_id.set(request_id), metrics.route.set(label)
+        status = 500  # if the app raises before answering, Starlette's outermost handler sends a 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message).append(REQUEST_ID_HEADER, request_id)
+            await send(message)
+
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            HTTP_REQUESTS.labels(label, scope["method"], str(status)).inc()
+            HTTP_DURATION.labels(label).observe(elapsed)
+            client = scope.get("client")
+            access_log.info(
+                "%s %s %d", scope["method"], scope["path"], status,
+                extra={"method": scope["method"], "path": scope["path"], "status": status,
+                       "duration_ms": round(elapsed * 1e3, 3), "client": f"{client[0]}:{client[1]}" if client else "unix"},
+            )  # fmt: skip
+            metrics.request_id.reset(id_token)
+            metrics.route.reset(route_token)
+
+
+def add_metrics_route(app: FastAPI, scheduler: Scheduler) -> None:
+    """GET /metrics: this daemon's registry (process, generation, HTTP, queue and engine numbers)."""
+    registry = metrics.registry_for(scheduler)
+    registry.register(HTTP_REQUESTS)
+    registry.register(HTTP_DURATION)
+
+    @app.get("/metrics", summary="Prometheus metrics (text format)")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,165 @@
+"""Faults: a client that leaves mid-prefill, an exception inside the engine, and what the fuzzer found.
+
+(A client leaving mid-stream: tests/test_server.py; SIGTERM mid-stream: tests/test_security.py;
+SGLang dying under a request: tests/test_sglang_supervisor.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from lingcode.engine.local.engine import PREFILL_CHUNK
+from lingcode.scheduler import Scheduler
+from lingcode.server.app import create_app
+
+TOKEN = "fault-token"
+
+
+# --- a client that leaves while its prompt is being prefilled ---------------------------------------
+
+
+async def test_disconnect_mid_prefill_aborts_within_one_chunk(daemon, engine):
+    nonce = secrets.token_hex(4)  # first, so that nothing of this prompt is in the KV cache
+    prompt = nonce + " " + " ".join(str(i) for i in range(1500))
+    n_tokens = len(engine.info.tokenizer.encode(prompt))
+    chunks = -(-n_tokens // PREFILL_CHUNK)
+    assert chunks >= 6 and n_tokens < engine.info.context_length, n_tokens
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    async with httpx.AsyncClient(base_url=daemon.url, headers=headers, timeout=120) as http:
+
+        async def stats() -> dict:
+            return (await http.get("/v1/lingcode/stats")).json()["engine"]
+
+        async def idle() -> dict:
+            deadline = time.monotonic() + 60
+            while (now := await stats())["running"] is not None:
+                assert time.monotonic() < deadline, now
+                await asyncio.sleep(0.02)
+            return now
+
+        before = await idle()
+        body = {"prompt": prompt, "max_tokens": 4, "stream": True}
+        request = asyncio.create_task(http.post("/v1/completions", json=body))
+        deadline = time.monotonic() + 60
+        while (now := await stats())["forward_passes"] == before["forward_passes"]:
+            assert time.monotonic() < deadline and not request.done()
+            await asyncio.sleep(0.02)
+        request.cancel()  # the client goes away: its connection closes mid-prefill
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        after = await idle()
+    last = after["last_request"]
+    assert last["finish_reason"] == "abort" and last["generated_tokens"] == 0
+    assert after["aborted"] == before["aborted"] + 1
+    ran = after["forward_passes"] - before["forward_passes"]
+    # The chunk running when we looked, at most one more that began before the abort landed; then it stopped.
+    assert ran <= now["forward_passes"] - before["forward_passes"] + 1
+    assert ran < chunks, (ran, chunks)
+
+
+# --- an exception inside the engine -----------------------------------------------------------------
+
+
+@pytest.fixture
+def in_process(engine, monkeypatch):
+    """The daemon's app in this process on the real engine, and a switch that makes its model raise
+    on the Nth forward pass from now (on the engine's worker thread, where real faults happen)."""
+    app = create_app(Scheduler(engine), engine.info, TOKEN, model_id="m")
+    client = TestClient(app, base_url="http://localhost", headers={"Authorization": f"Bearer {TOKEN}"},
+                        raise_server_exceptions=False)  # fmt: skip
+    real_forward = engine.model.forward
+    fault = {"at": None, "calls": 0}
+
+    def forward(*args, **kwargs):
+        fault["calls"] += 1
+        if fault["at"] is not None and fault["calls"] == fault["at"]:
+            raise RuntimeError("injected fault: device lost")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", forward)
+
+    def fail_at(n: int | None) -> None:
+        fault["at"], fault["calls"] = n, 0
+
+    with client:
+        yield client, fail_at
+
+
+def errors_metric(client: TestClient) -> float:
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    return sum(sample.value for family in families if family.name == "lingcode_generation_errors"
+               for sample in family.samples if sample.name.endswith("_total")
+               and sample.labels == {"route": "/v1/completions", "error": "EngineError"})  # fmt: skip
+
+
+def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in_process):
+    client, fail_at = in_process
+    body = {"prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    good = client.post("/v1/completions", json=body).json()
+    before, errors_before = client.get("/v1/lingcode/stats").json()["engine"], errors_metric(client)
+
+    fail_at(1)  # in the prefill: before any token, so a plain HTTP error, streamed or not
+    for stream in (False, True):
+        fail_at(1)
+        response = client.post("/v1/completions", json={**body, "stream": stream})
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert error["code"] == "engine_error" and "injected fault" in error["message"]
+
+    fail_at(4)  # mid-decode, after the stream has started: an error event, then [DONE]
+    response = client.post("/v1/completions", json={**body, "stream": True})
+    assert response.status_code == 200
+    events = [block.removeprefix("data: ") for block in response.text.split("\n\n") if block.strip()]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "engine_error"
+    assert any(json.loads(e)["choices"][0]["text"] for e in events[:-2])  # some text came first
+
+    fail_at(None)  # the fault is gone: the same request works, and the same answer comes back
+    again = client.post("/v1/completions", json=body)
+    assert again.status_code == 200
+    assert again.json()["choices"][0]["text"] == good["choices"][0]["text"]
+    # A failed request may leave the KV cache half written: the engine forgot it, nothing stale was reused.
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    after = client.get("/v1/lingcode/stats").json()
+    assert after["engine"]["errors"] == before["errors"] + 3
+    assert after["engine"]["running"] is None and after["scheduler"]["running"] is None
+    assert errors_metric(client) == errors_before + 3
+
+
+# --- inputs the fuzzer found (each was a 500) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"prompt": "hi", "max_tokens": 2, "temperature": NaN}', "NaN is not a JSON number"),
+        (b'{"prompt": "hi", "max_tokens": 2, "top_p": Infinity}', "Infinity is not a JSON number"),
+        (b'{"prompt": "\\ud800 hi", "max_tokens": 2}', "lone UTF-16 surrogate"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "\\udfff": 1}', "lone UTF-16 surrogate"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_json_that_python_accepts_but_is_not_json_text_is_a_400(daemon, raw, says):
+    headers = {"Authorization": f"Bearer {daemon.token}", "content-type": "application/json"}
+    response = httpx.post(daemon.url + "/v1/completions", content=raw, headers=headers)
+    assert response.status_code == 400, response.text
+    assert says in response.json()["error"]["message"]
+
+
+def test_a_vanishingly_small_temperature_samples_the_most_likely_token(daemon):
+    headers = {"Authorization": f"Bearer {daemon.token}"}
+    body = {"prompt": "The capital of France is", "max_tokens": 4}
+    greedy = httpx.post(daemon.url + "/v1/completions", json={**body, "temperature": 0}, headers=headers, timeout=60)
+    for temperature in (5e-324, 1e-300):
+        tiny = httpx.post(daemon.url + "/v1/completions", json={**body, "temperature": temperature, "seed": 1},
+                          headers=headers, timeout=60)  # fmt: skip
+        assert tiny.status_code == 200, tiny.text
+        assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]

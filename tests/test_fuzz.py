@@ -1,0 +1,138 @@
+"""Fuzzing the real daemon from its own OpenAPI document (schemathesis): no 5xx, no crash, auth enforced.
+
+Every operation GET /openapi.json lists is fuzzed, so routes added later are covered as soon as
+they are in the document. Request bodies are generated from the models the routes validate
+against (server/openapi.py: `openapi_extra=request_body(Model)`), valid ones and invalid ones.
+Checks per response: not a server error; schema-invalid data rejected with a 4xx; the token
+actually enforced (schemathesis replays the request without it, and with a wrong one).
+
+The number of examples is fixed, and generation is cut to a few tokens (a valid body without
+max_tokens would otherwise generate up to the whole context on the CPU), so the run stays short.
+
+Most bodies the document allows break a rule it cannot express (n must be 1, a tool message needs
+content, ...), so few of them reach the engine. The last test therefore generates only valid
+requests, over the full documented range of every sampling field, and wants each one answered.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.checks import ignored_auth, negative_data_rejection, not_a_server_error
+
+# Per operation and mode (valid data, invalid data): routes with a body get more, their space is larger.
+EXAMPLES_WITH_BODY, EXAMPLES_WITHOUT = 60, 10
+MAX_FUZZ_TOKENS = 2
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+CHECKS = [not_a_server_error, negative_data_rejection, ignored_auth]
+
+
+@pytest.fixture(scope="session")
+def auth(daemon) -> dict:
+    return {"Authorization": f"Bearer {daemon.token}"}
+
+
+@pytest.fixture(scope="session")
+def openapi_doc(daemon, auth) -> dict:
+    response = httpx.get(daemon.url + "/openapi.json", headers=auth)
+    assert response.status_code == 200
+    return response.json()
+
+
+def short_generation(body: object) -> None:
+    """Cut a valid token budget (or a missing one) to a few tokens; invalid values stay as generated."""
+    if not isinstance(body, dict):
+        return
+    for field in TOKEN_FIELDS:
+        value = body.get(field)
+        if value is None or (type(value) is int and value > MAX_FUZZ_TOKENS):
+            body[field] = MAX_FUZZ_TOKENS
+
+
+def fuzz(operation, mode: GenerationMode, auth: dict) -> None:
+    """Hypothesis over one operation's generated cases; raises the (shrunk) first failure."""
+    examples = EXAMPLES_WITH_BODY if operation.body else EXAMPLES_WITHOUT
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    def run(case):
+        short_generation(case.body)
+        case.call_and_validate(headers=dict(auth), checks=CHECKS, timeout=120)
+
+    try:
+        run()
+    except Unsatisfiable:  # nothing invalid to generate: the operation takes no input
+        assert mode is GenerationMode.NEGATIVE
+
+
+def test_fuzz_every_operation_of_the_document(daemon, auth):
+    # schemathesis' own pytest plugin (from_fixture) does not run on pytest 9 yet; its strategies do.
+    schema = schemathesis.openapi.from_url(daemon.url + "/openapi.json", headers=auth)
+    schema.config.update(base_url=daemon.url)
+    failures, fuzzed = [], []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            try:
+                fuzz(operation, mode, auth)
+            except Exception as exc:  # collect: one report for every operation that failed
+                failures.append(f"{operation.label} ({mode.value}):\n{exc}")
+        fuzzed.append(operation.label)
+    assert "POST /v1/chat/completions" in fuzzed and "POST /v1/completions" in fuzzed
+    assert not failures, "\n\n".join(failures)
+    assert daemon.process.poll() is None  # and the daemon is still there
+
+
+def test_the_document_needs_the_token_and_lists_every_route(daemon, openapi_doc):
+    assert httpx.get(daemon.url + "/openapi.json").status_code == 401
+    paths = openapi_doc["paths"]
+    assert {"/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/metrics"} <= set(paths)
+    assert paths["/health"]["get"]["security"] == []  # the one open route
+    assert {"bearer", "apiKey"} <= set(openapi_doc["components"]["securitySchemes"])
+
+
+def test_every_route_with_a_body_documents_it(openapi_doc):
+    """Else the fuzzer would only send it empty bodies: name the model with openapi_extra=request_body(Model)."""
+    undocumented = [
+        f"{method.upper()} {path}"
+        for path, operations in openapi_doc["paths"].items()
+        for method, operation in operations.items()
+        if method in ("post", "put", "patch") and "requestBody" not in operation
+    ]
+    assert not undocumented, f"routes without a documented body: {undocumented}"
+
+
+SAMPLING = {
+    "temperature": st.floats(0, 2),  # 5e-324 included: it was a 500 once
+    "top_p": st.floats(0, 1, exclude_min=True),
+    "top_k": st.integers(-1, 2**40),
+    "seed": st.integers(-(2**63), 2**64 - 1),
+    "stop": st.lists(st.text(min_size=1, max_size=4), max_size=4),
+    "ignore_eos": st.booleans(),
+    "stream": st.booleans(),
+}
+
+
+def test_valid_generation_requests_are_always_answered(daemon, auth, engine):
+    vocab = engine.info.tokenizer.vocab_size
+    prompts = st.text(min_size=1, max_size=40) | st.lists(st.integers(0, vocab - 1), min_size=1, max_size=16)
+    fields = st.fixed_dictionaries({"prompt": prompts}, optional=SAMPLING)
+
+    @given(body=fields)
+    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def run(body):
+        response = httpx.post(daemon.url + "/v1/completions", json={**body, "max_tokens": MAX_FUZZ_TOKENS},
+                              headers=auth, timeout=120)  # fmt: skip
+        assert response.status_code == 200, response.text
+        if body.get("stream"):
+            events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e.strip()]
+            assert events[-1] == "[DONE]" and not any(e.startswith('{"error"') for e in events), events[-3:]
+
+    run()
+
