@@ -39,7 +39,8 @@ class JSONFormatter(logging.Formatter):
         fields = _fields(record)
         if record.exc_info:
             fields["exc"] = self.formatException(record.exc_info)
-        return json.dumps(fields, default=str, ensure_ascii=False)
+        # ASCII: a raw U+2028 or U+0085 (valid in JSON strings) would split the line for many readers.
+        return json.dumps(fields, default=str)
 
 
 class TextFormatter(logging.Formatter):
