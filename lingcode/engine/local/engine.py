@@ -328,13 +328,13 @@ class LocalEngine:
         """How many leading tokens of ids the cache holds: the live cache's, or a saved prefix's."""
         live = _common_prefix(self._cached_ids, ids)
         caches = [layer.attn.kv_cache for layer in self.model.layers]
-        # Either way (restored prefix or this request's own tokens) the cache keeps only its first
-        # `live` positions: save it first if that loses most of it. (Saving may evict other entries,
-        # so the best saved match is looked up after.)
-        if self.kv_store.should_save(len(self._cached_ids), live):
-            self.kv_store.save(self._cached_ids, caches)
         saved, shared = self.kv_store.best_match(ids)
-        if shared > live:
+        restore = saved if shared > live else None
+        # Either way (restored prefix or this request's own tokens) the cache keeps only its first
+        # `live` positions: save it first if that loses most of it, never evicting what we restore.
+        if self.kv_store.should_save(len(self._cached_ids), live):
+            self.kv_store.save(self._cached_ids, caches, keep=restore)
+        if restore is not None:
             self.kv_store.restore(saved, shared, caches)
             self._cached_ids = list(saved[:shared])
             return shared

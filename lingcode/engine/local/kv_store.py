@@ -50,16 +50,22 @@ class PrefixStore:
         lost = cached - reused
         return lost >= MIN_SAVE_TOKENS and lost >= reused
 
-    def save(self, ids: list[int], caches: list) -> None:
-        """Copy the keys/values of ids (the first len(ids) positions of each layer's cache)."""
+    def save(self, ids: list[int], caches: list, keep: tuple[int, ...] | None = None) -> None:
+        """Copy the keys/values of ids (the first len(ids) positions of each layer's cache).
+
+        `keep` (the entry about to be restored) is never dropped to make room: if the new entry
+        does not fit without it, the new entry is not saved.
+        """
         key, n = tuple(ids), len(ids)
         size = sum(c.k[:, :, :n].nbytes + c.v[:, :, :n].nbytes for c in caches)
-        if key in self._entries or size > self.max_bytes:
+        if key in self._entries or size > self.max_bytes - self._bytes.get(keep, 0):
             return
-        for old in [k for k in self._entries if len(k) < n and key[: len(k)] == k]:
+        for old in [k for k in self._entries if len(k) < n and key[: len(k)] == k and k != keep]:
             self._drop(old)  # this one extends it
-        while self._entries and sum(self._bytes.values()) + size > self.max_bytes:
-            self._drop(next(iter(self._entries)))
+        for old in [k for k in self._entries if k != keep]:  # least recently used first
+            if sum(self._bytes.values()) + size <= self.max_bytes:
+                break
+            self._drop(old)
             self.counters["evictions"] += 1
         self._entries[key] = [(c.k[:, :, :n].clone(), c.v[:, :, :n].clone()) for c in caches]
         self._bytes[key] = size
