@@ -340,9 +340,6 @@ async def test_the_agent_loop_runs_the_models_tool_calls(home, store, tmp_path, 
         await send(pilot, "List the files in the current directory.")
         await answered(pilot)
         first = finished_answers(app)[0]
-        if first.state == "error" and "tools are not supported" in (first.error or ""):
-            assert "does not support tool calling yet" in notes(app)[-1]
-            pytest.skip("the daemon does not support tool calling yet (issue 6)")
         assert first.state == "done" and first.tool_calls, first.error
         messages = store.messages(app.session.id)
         results = {m.tool_call_id: m.content for m in messages if m.role == "tool"}
