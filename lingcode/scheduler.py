@@ -81,13 +81,14 @@ class Scheduler:
         self._counters["submitted"] += 1
         if latest_wins is not None:
             await self._supersede(latest_wins, request_id)
-        finished = False
+        finished = acquired = False
         try:
             if not await self._acquire(request_id, priority):
                 if self._closing is not None:
                     raise EngineUnavailable(self._closing)
                 yield TokenChunk([], "abort")  # cancelled while waiting: it never reached the engine
                 return
+            acquired = True  # from here on it ends completed or aborted; a dropped waiter is counted apart
             generated: list[int] = []
             cached = 0
             while True:
@@ -117,7 +118,8 @@ class Scheduler:
         finally:
             self._preempting.discard(request_id)
             self._forget(latest_wins, request_id)
-            self._counters["completed" if finished else "aborted"] += 1
+            if acquired:
+                self._counters["completed" if finished else "aborted"] += 1
             if self._running == request_id:
                 self._release()
 

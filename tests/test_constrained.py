@@ -36,7 +36,8 @@ async def test_the_default_model_writes_schema_valid_json_under_a_constraint(eng
 
 def test_without_xgrammar_constrained_requests_are_a_clear_400(engine, monkeypatch):
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if it were not installed
-    client = TestClient(create_app(Scheduler(engine), engine.info, TOKEN, model_id="m"))
+    # base_url: a loopback Host, as a local client sends (the access guard refuses others)
+    client = TestClient(create_app(Scheduler(engine), engine.info, TOKEN, model_id="m"), base_url="http://127.0.0.1")
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     response = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"},
                            json={"messages": [{"role": "user", "content": "hi"}], "tools": [tool], "tool_choice": "required"})  # fmt: skip

