@@ -36,7 +36,6 @@ from lingcode.server.openai_api import parse
 from lingcode.server.turn_runner import as_api_error, constrained, respond
 from lingcode.tool_parsers import CallArgs, CallStart
 from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
-from lingcode.server.openapi import request_body
 
 log = logging.getLogger("lingcode.server")
 
@@ -49,9 +48,8 @@ class AnthropicRoutes:
         self.family = family_for(info)
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/messages", self.messages, methods=["POST"], openapi_extra=request_body(MessagesRequest))
-        app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"],
-                          openapi_extra=request_body(CountTokensRequest))  # fmt: skip
+        app.add_api_route("/v1/messages", self.messages, methods=["POST"])
+        app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
 
     def _prompt(self, body: CountTokensRequest) -> str:
         try:

@@ -35,7 +35,6 @@ from lingcode.server.openai_api import parse
 from lingcode.server.openai_routes import as_api_error
 from lingcode.server.responses import DONE, sse, timings_dict, usage_dict
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
-from lingcode.server.openapi import request_body
 
 MAX_CONTEXT_CHUNKS = 32
 
@@ -83,8 +82,7 @@ class CompletionRoutes:
         self._cuts: dict[str, int] = {}
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/lingcode/complete", self.complete, methods=["POST"],
-                          openapi_extra=request_body(CompleteRequest))  # fmt: skip
+        app.add_api_route("/v1/lingcode/complete", self.complete, methods=["POST"])
 
     def stats(self) -> dict:
         return {**self._counters, "cuts": dict(self._cuts)}

@@ -35,7 +35,6 @@ from lingcode.server.turn_runner import constrained, respond
 from lingcode.sessions import Session, SessionError, SessionStore, commit, turn_prompt
 from lingcode.tool_parsers import Tool
 from lingcode.turns import TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
-from lingcode.server.openapi import request_body
 
 
 class SessionCreateRequest(_Strict):
@@ -60,12 +59,11 @@ class SessionRoutes:
         self.store = store
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/sessions", self.create, methods=["POST"], openapi_extra=request_body(SessionCreateRequest))
+        app.add_api_route("/v1/sessions", self.create, methods=["POST"])
         app.add_api_route("/v1/sessions", self.list, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.get, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.delete, methods=["DELETE"])
-        app.add_api_route("/v1/sessions/{session_id}/turns", self.turn, methods=["POST"],
-                          openapi_extra=request_body(SessionTurnRequest))  # fmt: skip
+        app.add_api_route("/v1/sessions/{session_id}/turns", self.turn, methods=["POST"])
 
     async def create(self, request: Request) -> JSONResponse:
         body = parse(SessionCreateRequest, await read_json(request, self.max_body_bytes))
