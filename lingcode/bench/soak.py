@@ -51,7 +51,7 @@ COMPLETION_PREFIXES = ["def fibonacci(n):\n    ", "class Stack:\n    def __init_
 @dataclass
 class SoakConfig:
     turns: int = 1000
-    max_tokens: int = 32  # per agent turn
+    max_tokens: int = 24  # per agent turn
     completion_every: int = 3  # an editor completion after every third turn
     cancel_every: int = 7  # every seventh turn is cancelled mid-stream
     queued_cancel_every: int = 10  # every tenth turn, a completion is cancelled while it waits
@@ -67,6 +67,7 @@ class SoakReport:
     url: str
     started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     duration_s: float = 0.0
+    turns_done: int = 0
     counts: dict = field(default_factory=dict)
     rss_mb: list[tuple[int, float]] = field(default_factory=list)  # (turn, MB)
     rss_growth_mb: float | None = None
@@ -103,14 +104,19 @@ class Soak:
         before = self._stats()
         context_length = self.http.get("/v1/models").json()["data"][0]["context_length"]
         baseline = None
-        for turn in range(self.config.turns):
-            self._turn(turn)
-            if turn + 1 == self.config.warmup_turns or (turn + 1) % self.config.sample_every == 0:
-                rss = self._rss_mb()
-                self.report.rss_mb.append((turn + 1, rss))
-                if turn + 1 >= self.config.warmup_turns and baseline is None:
-                    baseline = rss
-                self.say(f"turn {turn + 1}/{self.config.turns}: rss {rss:.0f} MB, {len(self.report.failures)} failures")
+        try:
+            for turn in range(self.config.turns):
+                self._turn(turn)
+                self.report.turns_done = turn + 1
+                if turn + 1 == self.config.warmup_turns or (turn + 1) % self.config.sample_every == 0:
+                    rss = self._rss_mb()
+                    self.report.rss_mb.append((turn + 1, rss))
+                    if turn + 1 >= self.config.warmup_turns and baseline is None:
+                        baseline = rss
+                    self.say(f"turn {turn + 1}/{self.config.turns}: rss {rss:.0f} MB, "
+                             f"{len(self.report.failures)} failures")  # fmt: skip
+        except KeyboardInterrupt:  # Ctrl+C, or SIGTERM (see run()): check and report what ran so far
+            self.report.failures.append(f"interrupted after {self.report.turns_done} of {self.config.turns} turns")
         after = self._wait_idle()
         self.report.duration_s = round(time.perf_counter() - started, 1)
         self._check(before, after, baseline, context_length)
@@ -278,8 +284,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", help="write OUT.json and OUT.md (e.g. bench/results/soak-cpu-2026-11-29)")
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args) -> int:
     config = SoakConfig(turns=args.turns, max_tokens=args.max_tokens, rss_growth_bound_mb=args.rss_bound_mb)
+    signal.signal(signal.SIGTERM, _interrupt)  # a long run that is stopped still reports what it measured
     say = lambda line: print(line, flush=True)  # noqa: E731
     if args.url:
         from lingcode import paths
@@ -347,7 +358,8 @@ def summary(result: dict) -> str:
         "",
         f"- result: **{'pass' if result['ok'] else 'FAIL'}**",
         f"- command: `{result['command']}` (commit {result['commit']})",
-        f"- duration: {result['duration_s']} s; counts: {result['counts']}",
+        f"- turns: {result['turns_done']} of {result['config']['turns']} in {result['duration_s']} s; "
+        f"counts: {result['counts']}",
         f"- resident memory: {rss[0][1]:.0f} MB at turn {rss[0][0]}, {rss[-1][1]:.0f} MB at turn {rss[-1][0]}; "
         f"growth after warm-up {result['rss_growth_mb']} MB (bound {result['config']['rss_growth_bound_mb']} MB)"
         if rss else "- resident memory: not sampled",
