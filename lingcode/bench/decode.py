@@ -18,6 +18,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -287,6 +288,10 @@ def run(args) -> int:
     from lingcode.engine.local.engine import pick_device
     from lingcode.engine.local.weights import load_checkpoint
 
+    unknown = [w for w in args.workload.split(",") if w and w not in WORKLOADS]
+    if unknown:
+        print(f"lingcode bench: unknown workload {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
+        return 2
     if args.engine == "sglang":  # the production engine: launch (or attach to) SGLang as serve does
         from lingcode.sglang.engine import open_engine
 

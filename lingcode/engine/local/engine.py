@@ -24,7 +24,7 @@ import torch
 from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
 from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.kv_store import PrefixStore
-from lingcode.engine.local.model import Transformer
+from lingcode.engine.local.model import Transformer, row_exact_kv_len
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.speculative import (
     DraftLength, Drafter, EarlyExitDrafter, NGramDrafter, verify_greedy, verify_sampled,
@@ -63,6 +63,8 @@ class LocalEngine:
         self.draft_length = DraftLength()
         self.device, self.dtype = device, dtype
         self.model = Transformer.from_weights(cfg, checkpoint.weights, dtype, device)
+        if device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
+            self.model.use_cpu_matmuls(checkpoint.q4)
         self.model.setup_cache(cfg.context_length)
         self.graphs = GraphRunner(self.model, compile=compile) if device.type == "cuda" and cuda_graphs else None
         self.info = ModelInfo(
@@ -208,10 +210,10 @@ class LocalEngine:
 
         t0 = time.perf_counter()
         logits = None
-        for start in range(cached, len(ids), PREFILL_CHUNK):  # chunks, so an abort lands mid-prefill
-            if req.aborted.is_set():
+        for start, end in self._prefill_steps(cached, len(ids)):
+            if req.aborted.is_set():  # between chunks, so an abort lands mid-prefill
                 break
-            logits = self._forward(ids[start : start + PREFILL_CHUNK], start)
+            logits = self._forward(ids[start:end], start)
         prefill_ms = (time.perf_counter() - t0) * 1e3
 
         drafter = self._drafter(params)
@@ -239,6 +241,8 @@ class LocalEngine:
                 draft, draft_probs = drafter.propose(self.draft_length.k)
                 if self.graphs is not None:  # stay within the captured verify widths
                     draft = draft[: self.graphs.widths[-1] - 1]
+                elif self.model.row_exact_rows:  # stay row-exact: few rows, within one KV bucket
+                    draft = draft[: min(self.model.row_exact_rows, row_exact_kv_len(pos + 1, self.model.max_len) - pos) - 1]
             draft = draft[: max_new - len(generated)]
             if draft:
                 logits = self._forward([generated[-1], *draft], pos, all_logits=True)
@@ -272,6 +276,16 @@ class LocalEngine:
             "draft_tokens": drafted, "accepted_draft_tokens": accepted,
             "accept_length": round((len(generated) - 1) / steps, 3) if steps else None,
         }  # fmt: skip
+
+    def _prefill_steps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Chunks of at most PREFILL_CHUNK tokens. On the CPU the prompt's last token must come from
+        a row-exact step (model.py), as every decoded token does, or the first token would depend on
+        how much of the prompt was cached: a tail too wide for one is cut off the last chunk."""
+        rows = self.model.row_exact_rows
+        if rows and (end - start > rows or row_exact_kv_len(start + 1, self.model.max_len) < end):
+            steps = [(s, min(s + PREFILL_CHUNK, end - 1)) for s in range(start, end - 1, PREFILL_CHUNK)]
+            return steps + [(end - 1, end)]
+        return [(s, min(s + PREFILL_CHUNK, end)) for s in range(start, end, PREFILL_CHUNK)]
 
     def _pipelined_loop(self, req, logits, generated, stop_ids, max_new, generator, cached) -> tuple[str, int]:
         """Plain decoding on the GPU with no host wait on the critical path.
@@ -362,7 +376,8 @@ def parse_speculation(spec: str, n_layers: int) -> tuple[str, int]:
 def load_engine(
     model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True, compile: bool = False
 ) -> LocalEngine:
-    """Load a GGUF file or Hugging Face directory: f32 on the CPU, bf16 on a GPU (CUDA graphs on)."""
+    """Load a GGUF file or Hugging Face directory: bf16 with CUDA graphs on a GPU; on the CPU f32
+    activations with bf16 matmuls, and a quantized GGUF's own 4-bit weights for decoding."""
     from lingcode.engine.local.weights import load_checkpoint
 
     dev = pick_device(device)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lingcode.engine.local.quantized import MAX_QUANTIZED_ROWS, CpuLinear, Q4Weight
 from lingcode.engine.local.weights import ModelConfig
 
 
@@ -45,6 +46,33 @@ class KVCache(nn.Module):
         return self.k[:, :, :kv_len], self.v[:, :, :kv_len]
 
 
+ROW_EXACT_BUCKET = 128  # row-exact attention (below) attends over a multiple of this many entries
+
+
+def row_exact_kv_len(end: int, max_len: int) -> int:
+    """The cache length a row-exact step ending at `end` attends over: the bucket end falls in."""
+    return min(max_len, -(-end // ROW_EXACT_BUCKET) * ROW_EXACT_BUCKET)
+
+
+def row_exact_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Attention whose result for a query row does not depend on the other rows fed with it.
+
+    torch's CPU SDPA kernels give a query a slightly different result when it comes with other
+    queries or over a different number of keys, and in bf16 matmuls that difference grows into a
+    different token: a verified draft would not be exactly what plain decoding picks. Here every
+    row is a batched matmul over the same key count (a bucket, the rest masked), which gives the
+    same numbers for a row alone or among up to eight others (tested), so speculation stays lossless
+    as long as a verify step does not cross a bucket boundary (the engine cuts drafts to fit).
+    q [1, H, T, D]; k, v [1, KV, L, D]; mask [T, L] (True = visible).
+    """
+    _, n_heads, t, d = q.shape
+    n_kv = k.shape[1]
+    q = q[0].reshape(n_kv, n_heads // n_kv * t, d)  # head h uses kv head h // (H / KV): rows (group, t)
+    scores = torch.bmm(q, k[0].transpose(1, 2)) * d**-0.5
+    scores = scores.masked_fill(~mask.repeat(n_heads // n_kv, 1)[None], float("-inf"))
+    return torch.bmm(torch.softmax(scores, -1), v[0]).view(1, n_heads, t, d)
+
+
 def rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -59,6 +87,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q, cfg.dim, bias=False)
         self.split = (q, kv, kv)
         self.kv_cache: KVCache | None = None
+        self.row_exact = False  # row_exact_attention for masked steps (the CPU's decode and verify)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, where, kv_len: int, mask: Tensor | None) -> Tensor:
         _, t, _ = x.shape
@@ -69,7 +98,10 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k, v = self.kv_cache.update(where, k, v, kv_len)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        if self.row_exact and mask is not None and mask.shape[-1] == kv_len:
+            y = row_exact_attention(q, k, v, mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(1, t, -1))
 
 
@@ -106,6 +138,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.max_len = 0
+        self.row_exact_rows = 0  # steps of up to this many tokens use row_exact_attention (CPU)
 
     @classmethod
     def from_weights(cls, cfg: ModelConfig, weights: dict[str, Tensor], dtype, device) -> "Transformer":
@@ -128,6 +161,22 @@ class Transformer(nn.Module):
             model.output.weight = model.tok_embeddings.weight
         return model.eval().requires_grad_(False)
 
+    def use_cpu_matmuls(self, q4: dict[str, list[Q4Weight]]) -> None:
+        """CPU: every matmul in bf16 (oneDNN/AMX), narrow ones (decode, verify) on the file's Q4_1
+        codes where it has them; see quantized.py for why and the measurements."""
+        fused = {"attn.wqkv": ("wq", "wk", "wv"), "attn.wo": ("wo",),
+                 "ffn.w_gate_up": ("w_gate", "w_up"), "ffn.w_down": ("w_down",)}  # fmt: skip
+        for i, layer in enumerate(self.layers):
+            for path, names in fused.items():
+                owner_name, attr = path.split(".")
+                owner = layer.get_submodule(owner_name)
+                parts = [q4.get(f"layers.{i}.{name}", []) for name in names]
+                packed = [Q4Weight.cat([p[0] for p in parts])] if all(len(p) == 1 for p in parts) else []
+                setattr(owner, attr, CpuLinear(getattr(owner, attr).weight, packed))
+            layer.attn.row_exact = True
+        self.output = CpuLinear(self.output.weight, q4.get("output", []))
+        self.row_exact_rows = MAX_QUANTIZED_ROWS
+
     def setup_cache(self, max_len: int) -> None:
         cfg = self.cfg
         weight = self.norm.weight
@@ -149,13 +198,16 @@ class Transformer(nn.Module):
         t = tokens.shape[1]
         end = start + t
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
-        mask = None
-        if t > 1:  # new tokens see the whole cache before them and each other causally
+        mask, kv_len = None, end
+        if t <= self.row_exact_rows:  # over a whole bucket, later entries masked
+            kv_len = row_exact_kv_len(end, self.max_len)
+            mask = torch.arange(kv_len, device=tokens.device)[None, :] < torch.arange(start + 1, end + 1)[:, None]
+        elif t > 1:  # new tokens see the whole cache before them and each other causally
             positions = torch.arange(end, device=tokens.device)
             mask = positions[None, :] <= positions[start:end, None]
         x = self.tok_embeddings(tokens)
         for layer in self.layers[:n_layers]:
-            x = layer(x, cos, sin, start, end, mask)
+            x = layer(x, cos, sin, start, kv_len, mask)
         x = self.norm(x if all_logits else x[:, -1:])
         return self.output(x)
 

@@ -7,12 +7,13 @@ not kept: we use short names of our own), so model.py has one code path whatever
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lingcode.engine.local.quantized import Q4Weight, q4_from_blocks, q8_from_blocks
 from lingcode.tokenizer import Tokenizer, load_hf_tokenizer_config
 
 
@@ -44,6 +45,8 @@ class Checkpoint:
     bos_token: str | None
     eos_token_ids: tuple[int, ...]
     eos_token: str | None
+    # GGUF Q4_1 / Q8_0 weights as stored, each as a sum of 4-bit parts (quantized.py); "output": the head
+    q4: dict[str, list[Q4Weight]] = field(default_factory=dict)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -73,6 +76,11 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's Q/K row permutation (interleaved-pair RoPE -> rotate-half RoPE)."""
     rows = w.shape[0]
     return w.reshape(n_heads, rows // n_heads // 2, 2, -1).transpose(1, 2).reshape(rows, -1)
+
+
+def _unpermute_order(rows: int, n_heads: int) -> torch.Tensor:
+    """The row order _unpermute produces, to apply the same permutation to quantized rows."""
+    return _unpermute(torch.arange(rows)[:, None], n_heads)[:, 0]
 
 
 def _gguf_field(reader, key: str, default=None):
@@ -108,11 +116,16 @@ def _load_gguf(path: Path) -> Checkpoint:
     )
 
     weights: dict[str, torch.Tensor] = {}
+    q4: dict[str, list[Q4Weight]] = {}
+    head = "output.weight" if any(t.name == "output.weight" for t in reader.tensors) else "token_embd.weight"
     for t in reader.tensors:
         # GGUF shapes are reversed (fastest dim first); dequantize returns the numpy (row-major) shape.
         array = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
         tensor = torch.from_numpy(array).reshape(*reversed([int(d) for d in t.shape]))
         name = t.name
+        if name == head and t.tensor_type.name in ("Q4_1", "Q8_0"):
+            parse = q4_from_blocks if t.tensor_type.name == "Q4_1" else q8_from_blocks
+            q4["output"] = [parse(t.data, *tensor.shape)] if parse is q4_from_blocks else parse(t.data, *tensor.shape)
         if name == "token_embd.weight":
             weights["tok_embeddings"] = tensor
         elif name == "output_norm.weight":
@@ -123,11 +136,15 @@ def _load_gguf(path: Path) -> Checkpoint:
             _, layer, rest = name.split(".", 2)
             if rest not in _GGUF_NAMES:
                 continue  # e.g. rope_freqs: not used by Llama-2-style RoPE
-            if rest == "attn_q.weight":
-                tensor = _unpermute(tensor, config.n_heads)
-            elif rest == "attn_k.weight":
-                tensor = _unpermute(tensor, config.n_kv_heads)
-            weights[f"layers.{layer}.{_GGUF_NAMES[rest]}"] = tensor
+            key = f"layers.{layer}.{_GGUF_NAMES[rest]}"
+            if t.tensor_type.name == "Q4_1" and tensor.dim() == 2:
+                q4[key] = [q4_from_blocks(t.data, *tensor.shape)]
+            heads = {"attn_q.weight": config.n_heads, "attn_k.weight": config.n_kv_heads}.get(rest)
+            if heads is not None:
+                tensor = _unpermute(tensor, heads)
+                if key in q4:
+                    q4[key] = [q4[key][0].permute_rows(_unpermute_order(tensor.shape[0], heads))]
+            weights[key] = tensor
 
     fields = {
         key: _gguf_field(reader, key)
@@ -151,6 +168,7 @@ def _load_gguf(path: Path) -> Checkpoint:
         bos_token=tokens[bos_id] if bos_id is not None else None,
         eos_token_ids=tuple(dict.fromkeys(eos_ids)),
         eos_token=tokens[eos_id] if eos_id is not None else None,
+        q4=q4,
     )
 
 
