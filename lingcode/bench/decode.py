@@ -380,5 +380,5 @@ def add_arguments(parser) -> None:
     parser.add_argument("--peers", default="", help="comma-separated: transformers-eager, transformers-static, llama.cpp")
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (random/chat: exactly)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the captured step (GPU)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU: the captured graph; CPU: the decode/verify forward)")
     parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-2026-11-29)")
