@@ -80,7 +80,7 @@ class MessageReader:
         return None
 
     def _allowed(self, digits: bytes) -> int | None:
-        length = int(digits)  # a line is at most 2 * MAX_HEADER_BYTES: no number too long for int()
+        length = int(digits)  # lines are kept to MAX_HEADER_BYTES: never more digits than int() takes (4300)
         if length > self.max_bytes:
             self.report(f"a message of {length} bytes is over the limit of {self.max_bytes} bytes; it is skipped")
             return None
