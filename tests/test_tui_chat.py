@@ -394,12 +394,14 @@ async def test_no_daemon_starts_one_and_a_lost_daemon_loses_no_message(monkeypat
             stop_daemon(pid)
 
 
-async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch, tmp_path):
+async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch, tmp_path, daemon):
     """The store `lingcode chat` opens (the default path) holds garbage: the chat starts anyway, on a new one."""
-    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))  # no daemon here: none is needed to start
+    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))  # a home of its own for the store
     damaged = default_path()
     damaged.write_bytes(b"this is not an SQLite database " * 100)
     store = SessionStore()  # as tui/launch.py opens it
+    # The chat itself connects to the session's daemon: in a home without one it would start one.
+    monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))
     app = chat_app(store, tmp_path)
     try:
         async with app.run_test(size=SIZE) as pilot:
@@ -407,8 +409,9 @@ async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch
             [note] = [n for n in app.query(NoteView) if "was damaged" in n.source]
             [aside] = damaged.parent.glob("chat.sqlite3.damaged-*")
             assert str(aside) in note.source and "new, empty history" in note.source and note.has_class("error")
-            await send(pilot, "still here")  # kept in the new store until a daemon answers
-            await wait_until(pilot, lambda: app.session is not None, "the message to be stored")
-            assert [m.content for m in store.messages(app.session.id)] == ["still here"]
+            await connected(pilot)
+            await send(pilot, "still here")  # the new store takes the conversation
+            await answered(pilot)
+            assert [m.role for m in store.messages(app.session.id)] == ["user", "assistant"]
     finally:
         store.close()
