@@ -10,6 +10,9 @@
 
 The handlers are async and only await the daemon over HTTP, so a didChange, a $/cancelRequest or
 another request is handled while a completion is in flight. The work is in completer.py.
+
+Messages are read by wire.py, not by pygls' own loop: malformed or over-size input (a message is
+at most 32 MiB) is logged and skipped, and the server goes on with the next message.
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ import asyncio
 import logging
 import os
 import re
+import sys
+import threading
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 from lsprotocol import types
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 
 from lingcode import __version__
 from lingcode.lsp.completer import Completer, Cursor, Settings
 from lingcode.lsp.daemon_link import DaemonLink, Progress
+from lingcode.lsp.wire import MessageReader, dispatch
 
 STATS = "lingcode/stats"
 WORD = re.compile(r"[A-Za-z0-9_]*$")
@@ -42,6 +50,35 @@ class LingcodeServer(LanguageServer):
         self.completer = Completer(self.link, Settings(), self.log)
         self.last_edit: dict[str, int] = {}  # uri -> the line of its last edit
         self.current_uri: str | None = None
+        self.may_notify = False  # LSP: no notification to the client before `initialize`
+
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """pygls' stdio server (as LanguageServer.start_io runs it), reading through wire.py."""
+        self._stop_event = threading.Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        try:
+            asyncio.run(self._serve(stdin or sys.stdin.buffer))
+        except BrokenPipeError:
+            log.error("the editor closed the connection; shutting down")
+        except (KeyboardInterrupt, SystemExit):  # `exit`, as in pygls
+            pass
+        finally:
+            self.shutdown()
+
+    async def _serve(self, stdin: BinaryIO) -> None:
+        loop = asyncio.get_running_loop()
+        reader = MessageReader(stdin, lambda problem: loop.call_soon_threadsafe(self.input_problem, problem))
+        while not self._stop_event.is_set():
+            body = await loop.run_in_executor(self.thread_pool, reader.read)  # blocking reads, off the loop
+            if body is None:
+                return
+            dispatch(self.protocol, body, self.input_problem)
+
+    def input_problem(self, problem: str) -> None:
+        """Malformed input: in lingcode's log (stderr), and in the editor's once it may be sent there."""
+        log.error("%s", problem)
+        if self.may_notify:
+            self.log(f"lingcode: {problem}", types.MessageType.Error)
 
     def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
         self.window_log_message(types.LogMessageParams(type=kind, message=message))
@@ -136,6 +173,7 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: LingcodeServer, params: types.InitializeParams) -> None:
+        ls.may_notify = True
         ls.completer.settings, warnings = Settings.from_options(params.initialization_options)
         for warning in warnings:
             ls.log(f"lingcode: {warning}", types.MessageType.Warning)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from lingcode.server.openai_api import _Strict
 from lingcode.tool_parsers import Tool
@@ -87,6 +87,12 @@ class AnthropicToolChoice(_Strict):
     name: str | None = None
     disable_parallel_tool_use: bool = False
 
+    @model_validator(mode="after")
+    def _tool_has_a_name(self):
+        if self.type == "tool" and self.name is None:
+            raise ValueError("a tool_choice of type 'tool' needs the tool's name")
+        return self
+
 
 class JSONOutputFormat(_Strict):
     type: Literal["json_schema"]
@@ -108,7 +114,9 @@ class CountTokensRequest(_Strict):
     @field_validator("tools", mode="before")
     @classmethod
     def _custom_tools_only(cls, tools):
-        for tool in tools or []:
+        if not isinstance(tools, list):  # the type check that follows says what is wrong (fuzzing: tools=true was a 500)
+            return tools
+        for tool in tools:
             kind = tool.get("type") if isinstance(tool, dict) else None
             if kind not in (None, "custom"):
                 raise ValueError(f"server tools ({kind!r}) are not supported; send custom tools with an input_schema")

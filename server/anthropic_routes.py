@@ -33,6 +33,7 @@ from lingcode.server.anthropic_api import CountTokensRequest, MessagesRequest
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai_api import parse
+from lingcode.server.openapi import request_body
 from lingcode.server.turn_runner import as_api_error, constrained, respond
 from lingcode.tool_parsers import CallArgs, CallStart
 from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
@@ -48,8 +49,9 @@ class AnthropicRoutes:
         self.family = family_for(info)
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/messages", self.messages, methods=["POST"])
-        app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
+        app.add_api_route("/v1/messages", self.messages, methods=["POST"], openapi_extra=request_body(MessagesRequest))
+        app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"],
+                          openapi_extra=request_body(CountTokensRequest))  # fmt: skip
 
     def _prompt(self, body: CountTokensRequest) -> str:
         try:

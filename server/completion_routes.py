@@ -33,6 +33,7 @@ from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
 from lingcode.server.openai_api import parse
 from lingcode.server.openai_routes import as_api_error
+from lingcode.server.openapi import request_body
 from lingcode.server.responses import DONE, sse, timings_dict, usage_dict
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
 
@@ -82,7 +83,8 @@ class CompletionRoutes:
         self._cuts: dict[str, int] = {}
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/lingcode/complete", self.complete, methods=["POST"])
+        app.add_api_route("/v1/lingcode/complete", self.complete, methods=["POST"],
+                          openapi_extra=request_body(CompleteRequest))  # fmt: skip
 
     def stats(self) -> dict:
         return {**self._counters, "cuts": dict(self._cuts)}

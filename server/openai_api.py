@@ -30,11 +30,25 @@ class TextPart(_Strict):
     text: str
 
 
+class CalledFunction(_Strict):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # a JSON string, as OpenAI sends it; some clients send the object
+
+
+class ToolCall(_Strict):
+    """An earlier tool call of the assistant's, as it is sent back. Checked here: a call without a
+    function name was a 500 in the prompt renderer (fuzzing)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
     @field_validator("content", mode="before")
@@ -60,9 +74,11 @@ class Message(_Strict):
         else:
             content = self.content or ""
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_call_id"):
             if getattr(self, key) is not None:
                 message[key] = getattr(self, key)
+        if self.tool_calls is not None:
+            message["tool_calls"] = [call.model_dump(exclude_none=True) for call in self.tool_calls]
         return message
 
 

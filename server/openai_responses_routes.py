@@ -34,6 +34,7 @@ from lingcode.server.body import read_json
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai_api import parse
 from lingcode.server.openai_responses_api import ResponsesRequest
+from lingcode.server.openapi import request_body
 from lingcode.server.turn_runner import as_api_error, constrained, respond
 from lingcode.tool_parsers import CallArgs, CallStart
 from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
@@ -47,7 +48,7 @@ class ResponsesRoutes:
         self.family = family_for(info)
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/responses", self.create, methods=["POST"])
+        app.add_api_route("/v1/responses", self.create, methods=["POST"], openapi_extra=request_body(ResponsesRequest))
 
     async def create(self, request: Request) -> Response:
         body = parse(ResponsesRequest, await read_json(request, self.max_body_bytes))

@@ -30,6 +30,7 @@ from lingcode.server.body import read_json
 from lingcode.server.chat_turns import chat_sse, json_format
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai_api import ChatCompletionRequest, Message, ToolDef, _Strict, parse
+from lingcode.server.openapi import request_body
 from lingcode.server.responses import ChatShape
 from lingcode.server.turn_runner import constrained, respond
 from lingcode.sessions import Session, SessionError, SessionStore, commit, turn_prompt
@@ -59,11 +60,12 @@ class SessionRoutes:
         self.store = store
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/sessions", self.create, methods=["POST"])
+        app.add_api_route("/v1/sessions", self.create, methods=["POST"], openapi_extra=request_body(SessionCreateRequest))
         app.add_api_route("/v1/sessions", self.list, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.get, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.delete, methods=["DELETE"])
-        app.add_api_route("/v1/sessions/{session_id}/turns", self.turn, methods=["POST"])
+        app.add_api_route("/v1/sessions/{session_id}/turns", self.turn, methods=["POST"],
+                          openapi_extra=request_body(SessionTurnRequest))  # fmt: skip
 
     async def create(self, request: Request) -> JSONResponse:
         body = parse(SessionCreateRequest, await read_json(request, self.max_body_bytes))

@@ -8,6 +8,8 @@ actually enforced (schemathesis replays the request without it, and with a wrong
 
 The number of examples is fixed, and generation is cut to a few tokens (a valid body without
 max_tokens would otherwise generate up to the whole context on the CPU), so the run stays short.
+Routes under /v1/sessions/{session_id} get a real session for half of their cases: a made-up id
+only ever reaches the 404, never the turn.
 
 Most bodies the document allows break a rule it cannot express (n must be 1, a tool message needs
 content, ...), so few of them reach the engine. The last test therefore generates only valid
@@ -15,6 +17,8 @@ requests, over the full documented range of every sampling field, and wants each
 """
 
 from __future__ import annotations
+
+import traceback
 
 import httpx
 import pytest
@@ -28,8 +32,9 @@ from schemathesis.checks import ignored_auth, negative_data_rejection, not_a_ser
 # Per operation and mode (valid data, invalid data): routes with a body get more, their space is larger.
 EXAMPLES_WITH_BODY, EXAMPLES_WITHOUT = 60, 10
 MAX_FUZZ_TOKENS = 2
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # other fields are ignored where unknown
 CHECKS = [not_a_server_error, negative_data_rejection, ignored_auth]
+SESSION_TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 
 
 @pytest.fixture(scope="session")
@@ -54,15 +59,17 @@ def short_generation(body: object) -> None:
             body[field] = MAX_FUZZ_TOKENS
 
 
-def fuzz(operation, mode: GenerationMode, auth: dict) -> None:
+def fuzz(operation, mode: GenerationMode, auth: dict, new_session) -> None:
     """Hypothesis over one operation's generated cases; raises the (shrunk) first failure."""
     examples = EXAMPLES_WITH_BODY if operation.body else EXAMPLES_WITHOUT
 
-    @given(case=operation.as_strategy(generation_mode=mode))
+    @given(case=operation.as_strategy(generation_mode=mode), existing_session=st.booleans())
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
-    def run(case):
+    def run(case, existing_session):
         short_generation(case.body)
+        if existing_session and "session_id" in (case.path_parameters or {}):
+            case.path_parameters["session_id"] = new_session()
         case.call_and_validate(headers=dict(auth), checks=CHECKS, timeout=120)
 
     try:
@@ -75,16 +82,22 @@ def test_fuzz_every_operation_of_the_document(daemon, auth):
     # schemathesis' own pytest plugin (from_fixture) does not run on pytest 9 yet; its strategies do.
     schema = schemathesis.openapi.from_url(daemon.url + "/openapi.json", headers=auth)
     schema.config.update(base_url=daemon.url)
+
+    def new_session() -> str:
+        return httpx.post(daemon.url + "/v1/sessions", json={"tools": [SESSION_TOOL]}, headers=auth).json()["id"]
+
     failures, fuzzed = [], []
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             try:
-                fuzz(operation, mode, auth)
-            except Exception as exc:  # collect: one report for every operation that failed
-                failures.append(f"{operation.label} ({mode.value}):\n{exc}")
+                fuzz(operation, mode, auth, new_session)
+            except Exception as exc:  # collect: one report for every operation that failed, sub-exceptions too
+                failures.append(f"{operation.label} ({mode.value}):\n{''.join(traceback.format_exception(exc))}")
         fuzzed.append(operation.label)
-    assert "POST /v1/chat/completions" in fuzzed and "POST /v1/completions" in fuzzed
+    assert {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/lingcode/complete", "POST /v1/sessions",
+            "POST /v1/sessions/{session_id}/turns", "POST /v1/messages", "POST /v1/messages/count_tokens",
+            "POST /v1/responses"} <= set(fuzzed)  # fmt: skip
     assert not failures, "\n\n".join(failures)
     assert daemon.process.poll() is None  # and the daemon is still there
 
@@ -97,9 +110,6 @@ def test_the_document_needs_the_token_and_lists_every_route(daemon, openapi_doc)
     assert {"bearer", "apiKey"} <= set(openapi_doc["components"]["securitySchemes"])
 
 
-@pytest.mark.xfail(strict=True, reason="the routes merged from issues 4 and 6 (/v1/lingcode/complete, /v1/sessions, "
-                   "/v1/messages, /v1/responses) do not document their bodies yet: documenting them lets the fuzzer "
-                   "reach them, and it finds 500s there that are still to fix (issue 8)")
 def test_every_route_with_a_body_documents_it(openapi_doc):
     """Else the fuzzer would only send it empty bodies: name the model with openapi_extra=request_body(Model)."""
     undocumented = [

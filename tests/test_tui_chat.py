@@ -16,7 +16,7 @@ from tui_support import SIZE, answered, chat_app, connected, finished_answers, i
 from lingcode.client import read_daemon_file
 from lingcode.tui.app import ChatApp
 from lingcode.tui.link import DaemonLink
-from lingcode.tui.store import SessionStore
+from lingcode.tui.store import SessionStore, default_path
 from lingcode.tui.tools import Call
 from lingcode.tui.tools.permissions import Permissions, Rule
 from lingcode.tui.widgets.message import MessageView, NoteView
@@ -392,3 +392,26 @@ async def test_no_daemon_starts_one_and_a_lost_daemon_loses_no_message(monkeypat
     finally:
         for pid in started:
             stop_daemon(pid)
+
+
+async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch, tmp_path, daemon):
+    """The store `lingcode chat` opens (the default path) holds garbage: the chat starts anyway, on a new one."""
+    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))  # a home of its own for the store
+    damaged = default_path()
+    damaged.write_bytes(b"this is not an SQLite database " * 100)
+    store = SessionStore()  # as tui/launch.py opens it
+    # The chat itself connects to the session's daemon: in a home without one it would start one.
+    monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))
+    app = chat_app(store, tmp_path)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: any("was damaged" in n for n in notes(app)), "the note on the damaged history")
+            [note] = [n for n in app.query(NoteView) if "was damaged" in n.source]
+            [aside] = damaged.parent.glob("chat.sqlite3.damaged-*")
+            assert str(aside) in note.source and "new, empty history" in note.source and note.has_class("error")
+            await connected(pilot)
+            await send(pilot, "still here")  # the new store takes the conversation
+            await answered(pilot)
+            assert [m.role for m in store.messages(app.session.id)] == ["user", "assistant"]
+    finally:
+        store.close()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import subprocess
+import sys
+
+import pytest
 
 from lingcode.tui.conversation import INTERRUPTED_RESULT, context_used, model_messages
 from lingcode.tui.store import SessionStore
@@ -97,3 +102,103 @@ def test_export_writes_markdown_that_fences_cannot_break(tmp_path):
     assert "## You\n\nReverse it" in text and "````\n```\ncode\n```\n````" in text  # a longer fence around it
     assert "```python\ns[::-1]\n```" in text and "_9 tokens, 30.0 tokens/s_" in text
     assert "_(stopped by the user)_" in text
+
+
+def _store_with_history(path) -> bytes:
+    store = SessionStore(path)
+    session = store.create(title="history")
+    for i in range(200):  # a few dozen pages, so that a cut lands inside the tables
+        store.add(session.id, "user", f"message {i} " + "x" * 400)
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the main file, as after a clean exit
+    store.close()
+    return path.read_bytes()
+
+
+def _garbage(path) -> None:
+    path.write_bytes(b"\x00lingcode? no, not a database\xff" * 200)
+
+
+def _truncated(path) -> None:
+    whole = _store_with_history(path)
+    path.write_bytes(whole[: len(whole) // 2])
+
+
+def _header_only(path) -> None:
+    whole = _store_with_history(path)
+    path.write_bytes(whole[:4096])
+
+
+@pytest.mark.parametrize("damage", [_garbage, _truncated, _header_only])
+def test_a_damaged_store_is_moved_aside_and_a_new_one_started(tmp_path, damage):
+    path = tmp_path / "chat.sqlite3"
+    damage(path)
+    damaged = path.read_bytes()
+    store = SessionStore(path)
+    [aside] = tmp_path.glob("chat.sqlite3.damaged-*")
+    assert aside.read_bytes() == damaged  # kept as it was, for recovery by hand
+    assert store.recovered and str(path) in store.recovered and str(aside) in store.recovered
+    assert "damaged" in store.recovered and "new, empty history" in store.recovered
+    session = store.create()  # the new store works
+    store.add(session.id, "user", "hello again")
+    store.close()
+    again = SessionStore(path)  # and is sound: nothing is moved aside a second time
+    assert again.recovered is None and [m.content for m in again.messages(session.id)] == ["hello again"]
+    assert len(list(tmp_path.glob("chat.sqlite3.damaged-*"))) == 1
+
+
+def test_a_store_damaged_twice_keeps_both_copies(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    for _ in range(2):
+        _garbage(path)
+        store = SessionStore(path)
+        assert store.recovered
+        store.close()
+    assert len(list(tmp_path.glob("chat.sqlite3.damaged-*"))) == 2
+
+
+def test_trouble_that_is_no_damage_is_raised_and_moves_nothing(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    path.mkdir()  # cannot be opened, but it is no damaged database: moving it aside would be wrong
+    with pytest.raises(sqlite3.OperationalError):
+        SessionStore(path)
+    assert path.is_dir() and not list(tmp_path.glob("*.damaged-*"))
+
+
+# A writer that reports each message once it is committed (add() returns after the commit).
+WRITER = """
+import sys
+from lingcode.tui.store import SessionStore
+store = SessionStore(sys.argv[1])
+session = store.create(title="killed mid-write")
+answer = store.add(session.id, "assistant", state="streaming")
+for i in range(10**9):
+    store.add(session.id, "user", f"message {i}")
+    store.set_content(answer.id, "x" * i)  # an answer streaming in, as the chat writes it
+    print(i, flush=True)
+"""
+
+
+def test_kill_9_mid_write_loses_nothing_committed(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    reported = -1
+    for line in writer.stdout:  # let it write for a while, then kill it wherever it is
+        reported = int(line)
+        if reported >= 300:
+            break
+    writer.send_signal(signal.SIGKILL)
+    for line in writer.stdout:  # reported before it died: committed too
+        reported = int(line)
+    assert writer.wait() == -signal.SIGKILL
+    assert path.with_name("chat.sqlite3-wal").exists()  # no checkpoint on the way out: the WAL is replayed
+
+    store = SessionStore(path)
+    assert store.recovered is None
+    assert [tuple(row) for row in store.db.execute("PRAGMA integrity_check")] == [("ok",)]
+    [session] = store.sessions()
+    answer, *questions = store.messages(session.id)
+    expected = [f"message {i}" for i in range(reported + 1)]
+    assert [m.content for m in questions][: len(expected)] == expected  # every committed message, in order
+    assert len(questions) <= len(expected) + 1  # at most the one it had committed but not reported yet
+    assert answer.state == "streaming" and len(answer.content) >= reported
+    store.add(session.id, "user", "after the kill")  # and the store takes writes again

@@ -100,6 +100,8 @@ class ChatApp(CommandActions, App):
         self.prompt.input.focus()
         if self.permissions.problem:
             await self.note(self.permissions.problem, error=True)
+        if self.store.recovered:  # the history was damaged and moved aside: say so, and where it went
+            await self.note(self.store.recovered, error=True)
         if self.resume is not None:
             session = self.store.last() if self.resume == "last" else self.store.get(int(self.resume))
             if session is not None:

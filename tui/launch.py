@@ -26,6 +26,8 @@ def main(args: argparse.Namespace) -> int:
     resume: int | str | None = "last" if args.continue_ else None
     if args.resume is not None:
         if store.get(args.resume) is None:
+            if store.recovered:  # the app will not start to show it: the reason the session is gone goes here
+                print(f"lingcode: {store.recovered}", file=sys.stderr)
             print(f"lingcode: there is no chat session {args.resume}; `lingcode chat` then /sessions lists them",
                   file=sys.stderr)  # fmt: skip
             return 2

@@ -3,17 +3,28 @@
 WAL mode with autocommit: every change is committed at once, so an answer that is written here
 before it is shown survives the app being killed mid-answer. Schema changes are numbered
 migrations that only ever add (PRAGMA user_version), so an upgrade never loses history.
+
+A damaged database (not SQLite at all, truncated, pages that do not check out) must not stop the
+chat from starting: it is moved aside, kept for recovery, and a new, empty store takes its place;
+`recovered` then says so, for the app to show.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lingcode import paths
+
+log = logging.getLogger("lingcode.tui")
+
+# SQLite's answers for "this file is not a (sound) database"; anything else (locked, unreadable,
+# disk full) is no damage of the file, and moving it aside would lose a sound history.
+DAMAGE_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 MIGRATIONS = [
     """
@@ -83,17 +94,15 @@ class SessionStore:
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
-
-    def _migrate(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            self.db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+        self.recovered: str | None = None  # set when a damaged store was moved aside: what to tell the person
+        try:
+            self.db = _open(self.path)
+        except StoreDamaged as damage:
+            aside = move_aside(self.path)
+            self.recovered = (f"The chat history {self.path} was damaged ({damage}). It was moved to {aside} "
+                              "and a new, empty history was started.")  # fmt: skip
+            log.error("%s", self.recovered)
+            self.db = _open(self.path)
 
     def close(self) -> None:
         self.db.close()
@@ -176,6 +185,54 @@ class SessionStore:
 
     def delete_messages_after(self, session_id: int, message_id: int) -> None:
         self.db.execute("DELETE FROM messages WHERE session_id = ? AND id > ?", (session_id, message_id))
+
+
+class StoreDamaged(Exception):
+    """The store's file is not a sound SQLite database."""
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """The store's connection, checked and migrated; StoreDamaged if the file is not a sound database."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
+        db.execute("PRAGMA foreign_keys=ON")
+        # quick_check reads every page (not the indexes' agreement with their tables): a truncated
+        # file fails here at start, not halfway through showing a session. A chat history is a few MB.
+        problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise StoreDamaged("; ".join(problems[:3]))
+        _migrate(db)
+    except BaseException as exc:
+        db.close()
+        code = getattr(exc, "sqlite_errorcode", None) or 0
+        if isinstance(exc, sqlite3.DatabaseError) and code & 0xFF in DAMAGE_CODES:
+            raise StoreDamaged(str(exc)) from exc
+        raise
+    return db
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+
+
+def move_aside(path: Path) -> Path:
+    """Rename the database, and its -wal and -shm files with it, to NAME.damaged-TIMESTAMP (kept for recovery)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    count = 1
+    while aside.exists():  # damaged twice within a second: never overwrite an earlier copy
+        count += 1
+        aside = path.with_name(f"{path.name}.damaged-{stamp}-{count}")
+    for suffix in ("-wal", "-shm", ""):  # the database last: a crash in between leaves no stray -wal for the new one
+        part = Path(f"{path}{suffix}")
+        if part.exists():
+            part.rename(f"{aside}{suffix}")
+    return aside
 
 
 _SESSION_SELECT = "SELECT s.*, COUNT(m.id) AS message_count FROM sessions s LEFT JOIN messages m ON m.session_id = s.id"

@@ -1,0 +1,178 @@
+"""`lingcode lsp` survives malformed and over-size input on stdin (lsp/wire.py).
+
+A real `lingcode lsp --no-start` process is fed raw bytes: headers that are not numbers, bodies
+that are not JSON or not JSON-RPC, requests that do not fit their method, unknown methods, a
+20 MB message, a Content-Length of a petabyte, a message over the 32 MiB limit that is really
+sent, and a 20 MB line with no header at all. After each kind of garbage it must still answer a
+valid request, and at the end it must still be running, then exit when told to. No daemon is
+needed: `initialize` and `lingcode/stats` never wait for one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from lingcode.lsp.wire import MAX_MESSAGE_BYTES
+
+TIMEOUT_S = 120  # a bound for a busy CI machine, not a timing assertion
+BIG = 20 * 1024 * 1024
+METHOD_NOT_FOUND, INVALID_REQUEST, INVALID_PARAMS = -32601, -32600, -32602
+
+
+def frame(message: object) -> bytes:
+    body = json.dumps(message).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+class RawLsp:
+    """The server's stdin as bytes; its stdout parsed into messages (by a thread, so writes never block on it)."""
+
+    def __init__(self, home):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "lingcode", "lsp", "--no-start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=open(home / "lsp.log", "wb"), env={**os.environ, "LINGCODE_HOME": str(home)},
+        )  # fmt: skip
+        self.log_path = home / "lsp.log"
+        self.received: queue.Queue[dict | None] = queue.Queue()
+        self.notifications: list[dict] = []
+        self.ids = iter(range(1, 1_000_000))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        out = self.process.stdout
+        while True:
+            length = None
+            while (line := out.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            if not line or length is None:
+                self.received.put(None)  # the server closed its stdout
+                return
+            self.received.put(json.loads(out.read(length)))
+
+    def send(self, raw: bytes) -> None:
+        self.process.stdin.write(raw)
+        self.process.stdin.flush()
+
+    def notify(self, method: str, params: object = None) -> None:
+        self.send(frame({"jsonrpc": "2.0", "method": method, "params": params}))
+
+    def request(self, method: str, params: object = None) -> dict:
+        request_id = next(self.ids)
+        self.send(frame({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}))
+        return self.answer(request_id)
+
+    def answer(self, request_id: int | str) -> dict:
+        """The response to request_id; notifications on the way are kept in self.notifications."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                message = self.received.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no answer to request {request_id} within {TIMEOUT_S} s:\n{self.log()}")
+            assert message is not None, f"the server closed its output (exit code {self.process.poll()}):\n{self.log()}"
+            if "method" in message and "id" not in message:
+                self.notifications.append(message)
+            elif message.get("id") == request_id:
+                return message
+
+    def stats(self) -> dict:
+        answer = self.request("lingcode/stats")
+        assert "result" in answer, answer
+        return answer["result"]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def logged(self) -> list[str]:
+        return [n["params"]["message"] for n in self.notifications if n["method"] == "window/logMessage"]
+
+
+@pytest.fixture
+def lsp(tmp_path):
+    server = RawLsp(tmp_path)
+    yield server
+    if server.process.poll() is None:
+        server.process.kill()
+    server.process.wait()
+
+
+def initialize(lsp: RawLsp) -> dict:
+    answer = lsp.request("initialize", {"processId": None, "rootUri": None, "capabilities": {}})
+    assert "result" in answer and answer["result"]["serverInfo"]["name"] == "lingcode", answer
+    lsp.notify("initialized", {})
+    return answer
+
+
+def did_open(uri: str, text: str) -> bytes:
+    document = {"uri": uri, "languageId": "python", "version": 1, "text": text}
+    return frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": document}})
+
+
+def test_garbage_before_initialize_is_skipped_and_initialize_is_answered(lsp):
+    lsp.send(b"Content-Length: 99999999999999999999\r\n\r\n{}")  # far over any limit: refused, not allocated
+    lsp.send(b"Content-Length: twelve\r\n\r\n{}")  # not a number
+    lsp.send(b"Content-Length: 5\r\n\r\nhello")  # not JSON
+    lsp.send(b"\x00\xff" * 1000 + b"\r\n\r\n")  # not even a header
+    initialize(lsp)
+    assert lsp.process.poll() is None
+    log = lsp.log()
+    assert "over the limit of 33554432 bytes" in log and "not JSON" in log and "were not an LSP message" in log
+
+
+def test_malformed_messages_are_dropped_answered_where_they_can_be_and_the_server_goes_on(lsp):
+    initialize(lsp)
+    lsp.send(b"Content-Length: 0\r\n\r\n")  # an empty body
+    lsp.send(b"Content-Length: 7\r\n\r\n{\"a\": [")  # JSON cut short
+    lsp.send(frame([1, 2, 3]))  # JSON, but a batch: no JSON-RPC 2.0 message
+    lsp.send(frame({"hello": "world"}))
+    lsp.send(frame({"jsonrpc": "1.0", "id": "old", "method": "initialize"}))
+    assert lsp.answer("old")["error"]["code"] == INVALID_REQUEST  # a request with an id is answered
+    lsp.send(frame({"jsonrpc": "2.0", "id": 41, "method": "textDocument/completion", "params": 7}))
+    assert lsp.answer(41)["error"]["code"] == INVALID_PARAMS
+    lsp.send(frame({"jsonrpc": "2.0", "id": 42, "method": ["not", "a", "name"]}))
+    assert "error" in lsp.answer(42)
+    lsp.notify("lingcode/no-such-notification", {"x": 1})  # ignored, as LSP says
+    assert lsp.request("lingcode/no-such-method")["error"]["code"] == METHOD_NOT_FOUND
+    lsp.send(frame({"jsonrpc": "2.0", "id": 999, "result": None}))  # a response to nothing we sent
+    nested = b"[" * 100_000 + b"]" * 100_000  # deeper than the JSON parser's recursion limit
+    lsp.send(b"Content-Length: %d\r\n\r\n" % len(nested) + nested)
+    assert lsp.stats()["documents"] == []  # still answering
+    logged = lsp.logged()  # the editor's log says what was dropped (after initialize it may)
+    assert sum("not JSON" in m for m in logged) >= 3 and sum("not a JSON-RPC 2.0" in m for m in logged) >= 3
+    assert lsp.process.poll() is None
+
+
+def test_huge_messages_and_lengths_do_not_stop_it(lsp):
+    initialize(lsp)
+    # 20 MB, under the limit: a real document, opened and kept.
+    big_text = "x = 1\n" * (BIG // 6)
+    lsp.send(did_open("file:///tmp/big.py", big_text))
+    # 20 MB that is not JSON: read, dropped.
+    lsp.send(b"Content-Length: %d\r\n\r\n" % BIG + b"{" * BIG)
+    # A petabyte announced, a few bytes sent: refused at once, then the next header is found again.
+    lsp.send(b"Content-Length: 1000000000000000\r\n\r\n" + b'{"jsonrpc": "2.0"}')
+    # Over the limit and really sent: skipped as it comes, never held.
+    lsp.send(did_open("file:///tmp/too-big.py", "y" * (MAX_MESSAGE_BYTES + 1)))
+    # 20 MB on one line, no header at all.
+    lsp.send(b"garbage " * (BIG // 8) + b"\r\n")
+    documents = [d["uri"] for d in lsp.stats()["documents"]]
+    assert documents == ["file:///tmp/big.py"]
+    logged = "\n".join(lsp.logged())
+    assert "a message of 1000000000000000 bytes is over the limit" in logged
+    assert logged.count("over the limit of 33554432 bytes") == 2 and "not JSON" in logged
+    assert lsp.process.poll() is None
+
+    # And it still ends when told to.
+    assert lsp.request("shutdown")["result"] is None
+    lsp.notify("exit")
+    lsp.process.stdin.close()
+    assert lsp.process.wait(timeout=TIMEOUT_S) == 0
