@@ -83,8 +83,34 @@ def invalid(message: str, *, param: str | None = None, code: str | None = None) 
     return APIError(400, message, param=param, code=code)
 
 
-def context_overflow(message: str, *, param: str) -> APIError:
-    return APIError(400, message, param=param, code="context_length_exceeded")
+class ContextLengthExceeded(APIError):
+    """A prompt, or a prompt plus max_tokens, that does not fit the model's context: a 400.
+
+    Agents read the message to react, so it is worded as each API words it. opencode and litellm
+    (aider) match OpenAI's "maximum context length is N tokens". Claude Code compacts on Anthropic's
+    "prompt is too long: N tokens > M maximum", and on "input length and `max_tokens` exceed
+    context limit: N + M > C" retries by itself with a max_tokens that fits.
+    """
+
+    def __init__(self, context: int, prompt_tokens: int, max_tokens: int | None = None, *, what: str = "messages"):
+        self.context, self.prompt_tokens, self.max_tokens = context, prompt_tokens, max_tokens
+        if max_tokens is None:
+            message = (f"This model's maximum context length is {context} tokens. However, your {what} "
+                       f"resulted in {prompt_tokens} tokens. Please reduce the length of the {what}.")  # fmt: skip
+        else:
+            message = (f"This model's maximum context length is {context} tokens. However, you requested "
+                       f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in the "
+                       f"completion). Please reduce the length of the {what} or completion.")  # fmt: skip
+        param = what if max_tokens is None else "max_tokens"
+        super().__init__(400, message, param=param, code="context_length_exceeded")
+
+    def anthropic_body(self) -> dict:
+        if self.max_tokens is None:  # the longest prompt leaves room for one new token
+            message = f"prompt is too long: {self.prompt_tokens} tokens > {self.context - 1} maximum"
+        else:
+            message = (f"input length and `max_tokens` exceed context limit: {self.prompt_tokens} + {self.max_tokens} "
+                       f"> {self.context}, decrease input length or `max_tokens` and try again")  # fmt: skip
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:

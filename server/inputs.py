@@ -1,8 +1,8 @@
 """From a validated request to what the engine runs: prompt token ids and sampling params.
 
 The context length is checked here, before anything is queued: a prompt that does not fit, or
-a prompt plus max_tokens that does not fit, is a 400 `context_length_exceeded` (in OpenAI's
-words, which some clients match on). Nothing is ever truncated silently.
+a prompt plus max_tokens that does not fit, is a 400 `context_length_exceeded`, worded as the
+API's own clients expect (errors.ContextLengthExceeded). Nothing is ever truncated silently.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from lingcode.chat_template import TemplateError
 from lingcode.engine import ModelInfo, SamplingParams
 from lingcode.families import Family, family_for
-from lingcode.server.errors import APIError, invalid
+from lingcode.server.errors import APIError, ContextLengthExceeded, invalid
 from lingcode.server.openai_api import CompletionRequest, Message, GenerationRequest
 from lingcode.tool_parsers import Tool
 from lingcode.tool_prompt import render_prompt
@@ -61,25 +61,12 @@ def sampling_params(info: ModelInfo, body: GenerationRequest, prompt_tokens: int
     """
     context = info.context_length
     if prompt_tokens >= context:  # the model needs room for at least one new token
-        raise APIError(
-            400,
-            f"This model's maximum context length is {context} tokens. However, your {what} "
-            f"resulted in {prompt_tokens} tokens. Please reduce the length of the {what}.",
-            param=what,
-            code="context_length_exceeded",
-        )
+        raise ContextLengthExceeded(context, prompt_tokens, what=what)
     max_tokens = body.max_tokens
     if max_tokens is None:
         max_tokens = context - prompt_tokens
     elif prompt_tokens + max_tokens > context:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in the "
-            f"completion). Please reduce the length of the {what} or completion.",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+        raise ContextLengthExceeded(context, prompt_tokens, max_tokens, what=what)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,

@@ -67,6 +67,30 @@ async def test_saving_the_displaced_cache_never_evicts_the_prefix_being_restored
         engine.kv_store.clear()
 
 
+async def test_a_saved_prompt_that_opens_alike_does_not_block_saving_the_conversation(engine):
+    """bench agent's cold probes: each opens with "request <time_ns>", so it shares a few tokens with
+    the probe before it. Restoring those few tokens kept the old probe from eviction, and the
+    conversation it displaced went unsaved: the next turn prefilled its whole history again."""
+    encode = engine.info.tokenizer.encode
+    conversation = encode("The conversation is about parsing, tokens and grammars in a compiler. " * 6)
+    probe_1 = encode("request 1795980906 " + "Unrelated words about gardens and flowers. " * 5)
+    probe_2 = encode("request 1795980912 " + "Other words about oceans, ships and harbours. " * 5)
+    per_token = sum(layer.attn.kv_cache.k[:, :, :1].nbytes * 2 for layer in engine.model.layers)
+    max_bytes = engine.kv_store.max_bytes
+    engine.kv_store.clear()
+    engine.kv_store.max_bytes = per_token * (len(conversation) + 40)  # the conversation, not it and a probe
+    try:
+        await generate(engine, "al-1", probe_1)
+        await generate(engine, "al-2", conversation)  # saves probe_1
+        await generate(engine, "al-3", probe_2)  # shares a few tokens with probe_1, none with the conversation
+        await generate(engine, "al-4", conversation + encode(" Which parser is simplest?"))
+        assert engine.stats()["last_request"]["cached_tokens"] >= len(conversation)
+        assert engine.stats()["kv_store"]["bytes"] <= engine.kv_store.max_bytes
+    finally:
+        engine.kv_store.max_bytes = max_bytes
+        engine.kv_store.clear()
+
+
 def caches(n_layers=2, max_len=256) -> list[KVCache]:
     made = []
     for _ in range(n_layers):

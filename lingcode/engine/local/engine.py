@@ -23,7 +23,7 @@ import torch
 
 from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
 from lingcode.engine.local.cuda_graphs import GraphRunner
-from lingcode.engine.local.kv_store import PrefixStore
+from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore
 from lingcode.engine.local.model import Transformer, row_exact_kv_len
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.speculative import (
@@ -347,7 +347,11 @@ class LocalEngine:
         live = _common_prefix(self._cached_ids, ids)
         caches = [layer.attn.kv_cache for layer in self.model.layers]
         saved, shared = self.kv_store.best_match(ids)
-        restore = saved if shared > live else None
+        # A saved entry is restored (and so kept from eviction) only if it saves real prefill: one
+        # that shares a few more tokens than the live cache (prompts that open alike, e.g. a first
+        # line with a timestamp) would otherwise stop the live cache, maybe a long conversation,
+        # from being saved.
+        restore = saved if shared >= live + MIN_SAVE_TOKENS else None
         # Either way (restored prefix or this request's own tokens) the cache keeps only its first
         # `live` positions: save it first if that loses most of it, never evicting what we restore.
         if self.kv_store.should_save(len(self._cached_ids), live):
