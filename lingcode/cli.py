@@ -42,6 +42,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         device=args.device,
+        kernels=args.kernels,
         max_queue=args.max_queue,
         log_level=args.log_level,
         session_idle_s=args.session_idle,
@@ -254,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="port to bind; 0 picks a free port (default: 8377)")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                        help="where the local engine runs; auto picks cuda if available (default: auto)")
+    serve.add_argument("--kernels", choices=["torch", "triton"], default="torch",
+                       help="the local engine's captured GPU step: torch ops, or hand-written Triton kernels "
+                            "(needs cuda; default: torch)")
     serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
     serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,

@@ -216,6 +216,7 @@ def serve(
     allowed_origins: tuple[str, ...] = (),
     unix_socket: Path | None = None,
     log_format: str = "json",
+    kernels: str = "torch",
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
 
@@ -223,6 +224,7 @@ def serve(
     SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
+    kernels: the local engine's captured GPU step, "torch" or "triton".
     """
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
@@ -268,7 +270,7 @@ def serve(
             _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
             from lingcode.engine.local import load_engine
 
-            local_engine = load_engine(Path(model_path), device=device)
+            local_engine = load_engine(Path(model_path), device=device, kernels=kernels)
     except KeyboardInterrupt:
         _close(sockets, unix_socket)
         return 130

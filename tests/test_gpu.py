@@ -34,6 +34,15 @@ def gpu_engine(model_path):
 
 
 @pytest.fixture(scope="module")
+def triton_engine(model_path):
+    """The same model with its captured steps as hand-written Triton kernels (triton_step.py)."""
+    pytest.importorskip("triton")
+    from lingcode.engine.local import load_engine
+
+    return load_engine(model_path, device="cuda", kernels="triton")
+
+
+@pytest.fixture(scope="module")
 def eager_engine(model_path):
     """The same model on the GPU without graphs: the plain host loop, one token per step."""
     from lingcode.engine.local import load_engine
@@ -75,9 +84,11 @@ async def test_greedy_is_identical_eager_pipelined_and_speculative(gpu_engine, e
         assert await generate(gpu_engine, ids, params, "ngram") == reference, prompt
 
 
-async def test_pipelined_loop_waits_once_per_token_and_never_syncs_implicitly(gpu_engine):
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+async def test_pipelined_loop_waits_once_per_token_and_never_syncs_implicitly(kernels, request):
     """One explicit wait per generated token (the pinned read-back), zero implicit syncs (.item(),
     .tolist(), pageable copies) in the decode loop: the count must not grow with the length."""
+    gpu_engine = request.getfixturevalue("gpu_engine" if kernels == "torch" else "triton_engine")
     ids = chat_ids(gpu_engine, "Tell me a long story about a lighthouse.")
 
     async def count(n: int, params: SamplingParams) -> tuple[int, int]:
@@ -99,3 +110,45 @@ async def test_pipelined_loop_waits_once_per_token_and_never_syncs_implicitly(gp
         long = await count(64, SamplingParams(max_tokens=64, ignore_eos=True, **kwargs))
         assert long[0] == short[0], f"implicit syncs grow with length: {short[0]} for 16 tokens, {long[0]} for 64"
         assert short[1] == 16 and long[1] == 64  # exactly one read-back wait per token
+
+
+def test_triton_step_matches_the_torch_step(gpu_engine, triton_engine):
+    """Both captured steps on one real context, short and long (2000 entries: the attention splits the
+    cache and combines the splits), at decode and verify widths: close logits, the same argmax, and
+    close KV cache entries (bf16, summed in another order: 5% of the largest entry)."""
+    ids = (chat_ids(gpu_engine, PROMPTS[2]) * 100)[:2000]
+
+    def run(engine, width: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        runner = engine.graphs
+        runner.tokens[0, :width].copy_(torch.tensor(ids[end - width : end]))
+        torch.arange(end - width, end, out=runner.positions[:width])
+        logits = runner.replay(width, end)[:width].float().clone()
+        caches = [layer.attn.kv_cache for layer in engine.model.layers]
+        written = slice(end - width, end)
+        entries = torch.stack([torch.stack([c.k[0, :, written], c.v[0, :, written]]) for c in caches])
+        return logits, entries.float()
+
+    try:
+        with torch.inference_mode():
+            for engine in (gpu_engine, triton_engine):
+                engine.model(torch.tensor([ids], device="cuda"), 0)
+            for width, end in ((1, 300), (4, 300), (8, 2000), (1, 2000)):
+                ref_logits, ref_entries = run(gpu_engine, width, end)
+                logits, entries = run(triton_engine, width, end)
+                assert torch.allclose(logits.softmax(-1), ref_logits.softmax(-1), atol=2e-2), (width, end)
+                assert (logits.argmax(-1) == ref_logits.argmax(-1)).all(), (width, end)
+                assert (entries - ref_entries).abs().max() <= 0.05 * ref_entries.abs().max(), (width, end)
+    finally:  # the caches hold this test's context now, not the engines' cached prefixes
+        gpu_engine.reset_cache()
+        triton_engine.reset_cache()
+
+
+async def test_greedy_is_identical_with_the_triton_step(eager_engine, triton_engine):
+    """The Triton step decodes (pipelined loop, width 1) and verifies drafts (widths 2-8) after a
+    torch prefill: the same greedy tokens as the eager torch forward."""
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    for prompt in PROMPTS:
+        ids = chat_ids(triton_engine, prompt)
+        reference = await generate(eager_engine, ids, params)
+        assert await generate(triton_engine, ids, params, "off") == reference, prompt
+        assert await generate(triton_engine, ids, params, "ngram") == reference, prompt

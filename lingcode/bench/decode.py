@@ -304,7 +304,7 @@ def run(args) -> int:
     device = pick_device(args.device)
     report = Report(command="lingcode bench " + " ".join(args.argv), hardware=hardware(device))
     started = time.perf_counter()
-    engine = load_engine(model_path, device=args.device, compile=args.compile)
+    engine = load_engine(model_path, device=args.device, compile=args.compile, kernels=args.kernels)
     report.load_s["lingcode"] = round(time.perf_counter() - started, 2)
     if engine.graphs is not None:
         report.load_s["cuda_graph_capture"] = round(engine.graphs.capture_s, 2)
@@ -381,4 +381,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (random/chat: exactly)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU: the captured graph; CPU: the decode/verify forward)")
+    parser.add_argument("--kernels", choices=["torch", "triton"], default="torch",
+                        help="the captured step's kernels: torch ops or hand-written Triton (GPU)")
     parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-2026-11-29)")

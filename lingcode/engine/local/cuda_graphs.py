@@ -23,7 +23,13 @@ BUCKETS = (256, 512, 1024, 2048, 4096, 8192)
 class GraphRunner:
     """Static input buffers, captured graphs, and their static logits outputs."""
 
-    def __init__(self, model: Transformer, widths=WIDTHS, buckets=BUCKETS, compile: bool = False):
+    def __init__(
+        self, model: Transformer, widths=WIDTHS, buckets=BUCKETS, compile: bool = False, kernels: str = "torch"
+    ):
+        if kernels not in ("torch", "triton"):
+            raise ValueError(f"kernels {kernels!r}: use torch or triton")
+        if compile and kernels == "triton":
+            raise ValueError("torch.compile applies to the torch kernels, not to the Triton step")
         self.model = model
         device = model.norm.weight.device
         self.widths = tuple(widths)
@@ -34,9 +40,14 @@ class GraphRunner:
         self.readback = torch.zeros(2, dtype=torch.long).pin_memory()  # the pipelined loop's token slots
         self.ready = (torch.cuda.Event(), torch.cuda.Event())
         step = model.forward_static
+        if kernels == "triton":  # about five hand-written kernels per layer instead of ~20 (triton_step.py)
+            from lingcode.engine.local.triton_step import TritonStep
+
+            step = TritonStep(model)
         if compile:  # fuses the small elementwise kernels (norms, RoPE, SiLU) between the matmuls
             # dynamic: one compiled kernel set serves every width and cache bucket (no recompiles)
             step = torch.compile(step, fullgraph=True, dynamic=True)
+        self.step = step  # kept alive: the graphs use its state (the Triton step's attention counters)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
@@ -46,7 +57,7 @@ class GraphRunner:
             for w in self.widths:
                 for bucket in self.buckets:
                     self.positions[:w].copy_(torch.arange(w))  # valid positions for the warm-up
-                    for _ in range(2):  # warm-up: allocator, cuBLAS handles, compilation
+                    for _ in range(2):  # warm-up: allocator, cuBLAS handles, compilation (torch.compile, Triton)
                         step(self.tokens[:, :w], self.positions[:w], bucket)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=side):

@@ -56,7 +56,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
-        cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES,
+        cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "torch",
     ):  # fmt: skip
         cfg = checkpoint.config
         self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
@@ -66,7 +66,11 @@ class LocalEngine:
         if device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
             self.model.use_cpu_matmuls(checkpoint.q4)
         self.model.setup_cache(cfg.context_length)
-        self.graphs = GraphRunner(self.model, compile=compile) if device.type == "cuda" and cuda_graphs else None
+        self.graphs = None
+        if device.type == "cuda" and cuda_graphs:
+            self.graphs = GraphRunner(self.model, compile=compile, kernels=kernels)
+        elif kernels != "torch":  # the Triton step runs only as captured graphs
+            raise ValueError(f"--kernels {kernels} needs CUDA graphs on a GPU (this engine: {device}, no graphs)")
         self.narrow_step = None  # CPU --compile: decode and verify steps through torch.compile
         if device.type == "cpu" and compile:
             self.narrow_step = compile_narrow_step(self.model)
@@ -79,7 +83,7 @@ class LocalEngine:
             bos_token=checkpoint.bos_token,
             eos_token=checkpoint.eos_token,
             extra={"engine": "local", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-                   "speculation": speculation},  # fmt: skip
+                   "speculation": speculation, "kernels": kernels},  # fmt: skip
         )
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingcode-engine")
         self._requests: dict[str, _Request] = {}
@@ -397,12 +401,15 @@ def parse_speculation(spec: str, n_layers: int) -> tuple[str, int]:
 
 
 def load_engine(
-    model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True, compile: bool = False
+    model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True, compile: bool = False,
+    kernels: str = "torch",
 ) -> LocalEngine:
     """Load a GGUF file or Hugging Face directory: bf16 with CUDA graphs on a GPU; on the CPU f32
-    activations with bf16 matmuls, and a quantized GGUF's own 4-bit weights for decoding."""
+    activations with bf16 matmuls, and a quantized GGUF's own 4-bit weights for decoding.
+
+    kernels: what the captured GPU step runs, "torch" (model.py) or "triton" (triton_step.py)."""
     from lingcode.engine.local.weights import load_checkpoint
 
     dev = pick_device(device)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile)
+    return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile, kernels=kernels)

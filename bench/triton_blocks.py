@@ -1,0 +1,84 @@
+"""Sweep the Triton step's GEMV blocks (BLOCK_N, num_warps) per weight matrix, and time its attention.
+
+Each kernel is captured 30 times in a row in a CUDA graph (like 30 layers) and timed per launch, on
+one layer of random weights in SmolLM2-135M's shapes. The weights stay in L2 here, unlike in a real
+step: use it to rank block sizes, and bench/triton_vs_torch.py for the step's time. Prints the
+fastest configurations; copy the winners into BLOCKS in lingcode/engine/local/triton_step.py.
+
+PYTHONPATH=. python3 bench/triton_blocks.py
+"""
+
+import itertools
+
+import torch
+
+from lingcode.engine.local import triton_step
+from lingcode.engine.local.model import Transformer
+from lingcode.engine.local.weights import ModelConfig
+
+CANDIDATES = {1: (4, 8, 16), 8: (16, 32, 64)}  # BLOCK_N to try for decode (W = 1) and verify (W = 8)
+LM_HEAD_CANDIDATES = {1: (8, 16, 32), 8: (32, 64, 128)}
+
+
+def per_launch_us(fn, launches: int = 30) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compilation
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    start, end, times = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for _ in range(5):
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / 20 / launches)
+    return sorted(times)[2]
+
+
+cfg = ModelConfig(n_layers=1, dim=576, ffn_dim=1536, n_heads=9, n_kv_heads=3, vocab_size=49152, context_length=8192)
+gen = torch.Generator().manual_seed(0)
+shapes = dict(tok_embeddings=(49152, 576), norm=(576,), **{f"layers.0.{k}": v for k, v in dict(
+    attn_norm=(576,), ffn_norm=(576,), wq=(576, 576), wk=(192, 576), wv=(192, 576), wo=(576, 576),
+    w_gate=(1536, 576), w_up=(1536, 576), w_down=(576, 1536)).items()})  # fmt: skip
+weights = {k: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=gen) / s[1] ** 0.5 for k, s in shapes.items()}
+model = Transformer.from_weights(cfg, weights, torch.bfloat16, torch.device("cuda"))
+model.setup_cache(cfg.context_length)
+layer = model.layers[0]
+with torch.inference_mode():
+    layer.attn.kv_cache.k.normal_(), layer.attn.kv_cache.v.normal_()
+    for width in (1, 8):
+        x = torch.randn(width, cfg.dim, device="cuda", dtype=torch.bfloat16)
+        pos = torch.arange(1990, 1990 + width, device="cuda")
+        for matrix in triton_step.BLOCKS:
+            results = []
+            decode, verify = triton_step.BLOCKS[matrix]
+            candidates = (LM_HEAD_CANDIDATES if matrix == "lm_head" else CANDIDATES)[width]
+            for block_n, warps in itertools.product(candidates, (2, 4, 8)):
+                tried = ((block_n, warps), verify) if width == 1 else (decode, (block_n, warps))
+                step = triton_step.TritonStep(model, {**triton_step.BLOCKS, matrix: tried})
+                q = triton_step.TritonStep(model).norm_qkv_rope(layer, x, pos)  # inputs, from the default blocks
+                attn, h = step.attention(layer, q, pos, 2048), triton_step.TritonStep(model).norm_gate_up(layer, x)
+                run = dict(
+                    qkv=lambda: step.norm_qkv_rope(layer, x, pos), wo=lambda: step.out_proj_residual(layer, attn, x),
+                    gate_up=lambda: step.norm_gate_up(layer, x), down=lambda: step.down_residual(layer, h, x),
+                    lm_head=lambda: step.norm_lm_head(x),
+                )[matrix]  # fmt: skip
+                try:
+                    results.append((per_launch_us(run, 5 if matrix == "lm_head" else 30), block_n, warps))
+                except Exception as exc:  # e.g. out of shared memory
+                    print(f"W={width} {matrix} BLOCK_N={block_n} num_warps={warps}: {type(exc).__name__}")
+            results.sort()
+            fastest = "  ".join(f"{us:.1f} us ({n}, {w})" for us, n, w in results[:4])
+            print(f"W={width} {matrix}: {fastest}", flush=True)
+        step = triton_step.TritonStep(model)
+        for kv_len in (256, 2048, 8192):
+            p = torch.arange(kv_len - 10 - width, kv_len - 10, device="cuda")
+            q = step.norm_qkv_rope(layer, x, p)
+            us = per_launch_us(lambda: step.attention(layer, q, p, kv_len))
+            print(f"W={width} attention over {kv_len} entries: {us:.1f} us")

@@ -1,0 +1,96 @@
+"""The captured step with torch kernels vs the Triton step (lingcode/engine/local/triton_step.py).
+
+For each kernel set: ms per CUDA graph replay of the decode step (width 1) and the verify step
+(width 8) at contexts 300 and 2000 (median of 5 runs of 200 replays), load + capture time, and how
+far the Triton step's logits and KV cache entries are from the torch step's on the same inputs.
+
+PYTHONPATH=. LINGCODE_MODEL=path/to/SmolLM2-135M-Instruct.Q4_1.gguf python3 bench/triton_vs_torch.py
+LINGCODE_MODEL=random: random weights in SmolLM2-135M's shapes (timing only; no file needed).
+"""
+
+import os
+import time
+
+import torch
+
+from lingcode.engine.local.cuda_graphs import GraphRunner
+from lingcode.engine.local.model import Transformer
+from lingcode.engine.local.weights import ModelConfig, load_checkpoint
+
+CASES = ((1, 300), (1, 2000), (8, 300), (8, 2000))  # (width, context: the last position + 1)
+TEXT = "def parse(tokens):\n    # Walk the token list and build the tree, one node per statement.\n"
+
+
+def random_weights(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    shapes = {"tok_embeddings": (cfg.vocab_size, cfg.dim), "norm": (cfg.dim,)}
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    for i in range(cfg.n_layers):
+        shapes |= {f"layers.{i}.{name}": shape for name, shape in dict(
+            attn_norm=(cfg.dim,), ffn_norm=(cfg.dim,), wq=(q, cfg.dim), wk=(kv, cfg.dim), wv=(kv, cfg.dim),
+            wo=(cfg.dim, q), w_gate=(cfg.ffn_dim, cfg.dim), w_up=(cfg.ffn_dim, cfg.dim), w_down=(cfg.dim, cfg.ffn_dim),
+        ).items()}  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    return {k: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=gen) / s[1] ** 0.5 for k, s in shapes.items()}
+
+
+source = os.environ["LINGCODE_MODEL"]
+if source == "random":
+    cfg = ModelConfig(n_layers=30, dim=576, ffn_dim=1536, n_heads=9, n_kv_heads=3, vocab_size=49152,
+                      context_length=8192, rope_theta=100000.0)  # fmt: skip
+    weights, ids = random_weights(cfg), torch.randint(0, cfg.vocab_size, (2000,)).tolist()
+else:
+    checkpoint = load_checkpoint(source)
+    cfg, weights = checkpoint.config, checkpoint.weights
+    text_ids = checkpoint.tokenizer.encode(TEXT)
+    ids = (text_ids * (2000 // len(text_ids) + 1))[:2000]
+
+started = time.perf_counter()
+model = Transformer.from_weights(cfg, weights, torch.bfloat16, torch.device("cuda"))
+model.setup_cache(cfg.context_length)
+load_s = time.perf_counter() - started
+runners, capture_s = {}, {}
+for kernels in ("torch", "triton"):  # both capture the same model: one KV cache, the same inputs
+    started = time.perf_counter()
+    runners[kernels] = GraphRunner(model, kernels=kernels)
+    capture_s[kernels] = load_s + time.perf_counter() - started
+
+rows = []
+with torch.inference_mode():
+    model(torch.tensor([ids], device="cuda"), 0)  # a real context for the attention to read
+    for width, end in CASES:
+        runs = {}
+        for kernels, runner in runners.items():
+            runner.tokens[0, :width].copy_(torch.tensor(ids[end - width : end]))
+            torch.arange(end - width, end, out=runner.positions[:width])
+            logits = runner.replay(width, end).float().clone()
+            cache = torch.stack([torch.stack([layer.attn.kv_cache.k[0, :, end - width : end],
+                                              layer.attn.kv_cache.v[0, :, end - width : end]])
+                                 for layer in model.layers]).float()  # fmt: skip
+            runs[kernels] = logits, cache
+            for _ in range(20):
+                runner.replay(width, end)
+            torch.cuda.synchronize()
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            times = []
+            for _ in range(5):
+                t0.record()
+                for _ in range(200):
+                    runner.replay(width, end)
+                t1.record()
+                torch.cuda.synchronize()
+                times.append(t0.elapsed_time(t1) / 200)
+            runs[kernels] += (sorted(times)[2],)
+        (ref_logits, ref_cache, _), (logits, cache, _) = runs["torch"], runs["triton"]
+        for kernels, (_, _, ms) in runs.items():
+            same = kernels == "torch"
+            rows.append((kernels, width, end, round(capture_s[kernels], 1), round(ms, 4),
+                         "-" if same else f"{(logits - ref_logits).abs().max().item():.3g}",
+                         "-" if same else f"{(logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item():.3g}",
+                         "-" if same else f"{(cache - ref_cache).abs().max().item():.3g}"))  # fmt: skip
+
+print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, weights: {os.path.basename(source)}")
+print("| kernels | width | context | load+capture s | ms per replay (median of 5x200) "
+      "| max logit diff vs torch | argmax agreement | max KV diff |")  # fmt: skip
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    print("| " + " | ".join(map(str, r)) + " |")

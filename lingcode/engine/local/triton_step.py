@@ -1,0 +1,431 @@
+"""The captured decode/verify step as hand-written Triton kernels: five per layer instead of ~20.
+
+At batch 1 a step of a small model is bound by latency, not by bandwidth: even replayed from a
+CUDA graph, each kernel costs a few microseconds however little it reads, and a kernel that waits
+for memory several times in a row costs several memory latencies. So each kernel here does a
+whole stage of the layer, and each program loads everything it needs at once:
+
+  norm_qkv_rope      x -> rmsnorm -> @ Wqkv^T -> RoPE on q and k; k, v into the KV cache, q to a buffer
+  attention          the W queries against cache entries [0, kv_len), causal by position, GQA, split
+                     over the cache (flash-decoding); the last split to finish combines the splits
+  out_proj_residual  x += attn @ Wo^T
+  norm_gate_up       rmsnorm(x) @ [Wgate; Wup]^T, then silu(gate) * up
+  down_residual      x += h @ Wdown^T
+
+plus the token embedding (torch) and norm_lm_head (final norm + logits). Every matmul has M = W
+rows: each program owns BLOCK_N rows of the weight and loads them whole, K included, in one go.
+One row (plain decoding) is a broadcast multiply and row sums; several rows (verify steps) are
+padded to 16 for tl.dot (tensor cores: the padding costs arithmetic, not memory). The rms norm of
+the input rows is recomputed by every program from the rows it loads anyway.
+
+Numerics follow the bf16 torch path (model.py): fp32 accumulation, and a rounding to the
+activation dtype wherever torch materializes a tensor (matmul outputs, each RoPE product and sum,
+SiLU, residual adds, attention output), so that the two paths write the same KV cache entries
+up to accumulation order and can replace each other mid-request.
+
+Every shape is fixed by (W, kv_len) and nothing is read back to the host: CUDA graphs capture it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from lingcode.engine.local.model import Transformer
+
+# Triton 3.9's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies bf16 dot operands as their
+# integer bits: there, and for fp32 (which tl.dot would round to tf32), dots run in full fp32.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+MAX_ROWS = 16  # the most tokens a step takes: tl.dot's minimum M, which W > 1 is padded to
+# GEMV blocks per weight matrix, (BLOCK_N, num_warps) for plain decoding (W = 1) and for verify steps
+# (W > 1). BLOCK_N counts output rows, row pairs for qkv and gate/up. Decoding wants many small
+# programs, each waiting on little memory (the H200 has 132 SMs); tl.dot needs BLOCK_N >= 16, and
+# these sizes keep its 16-row tiles from spilling. The fastest of a sweep on an H200 (bench/triton_blocks.py).
+BLOCKS = {
+    "qkv": ((4, 2), (32, 4)),  # 480 RoPE row pairs (960 rows) of 576
+    "wo": ((4, 4), (16, 4)),  # 576 rows of 576
+    "gate_up": ((4, 2), (64, 8)),  # 1536 gate/up row pairs (3072 rows) of 576
+    "down": ((4, 8), (16, 8)),  # 576 rows of 1536
+    "lm_head": ((8, 4), (128, 8)),  # 49152 rows of 576
+}
+ATTN_BLOCK_KV = 128  # cache entries per attention tile
+ATTN_MAX_SPLITS = 16  # cache splits per KV head (48 programs at most), so few partial results to combine
+
+
+@triton.jit
+def _dot(a, b):
+    if _INTERPRETED or a.dtype == tl.float32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _matmul(a, w):
+    """a [BLOCK_M, K] @ w [BLOCK_N, K]^T, in fp32. Several rows go through tl.dot (tensor cores);
+    one row (plain decode) is a broadcast multiply and row sums, with no padding to 16 rows."""
+    if a.shape[0] == 1:
+        return tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+    return _dot(a, tl.trans(w))
+
+
+@triton.jit
+def _fence():
+    """CUDA's __threadfence(): this thread's global writes are visible to every SM before its next
+    memory operation. (The interpreter runs programs one at a time and needs none.)"""
+    if not _INTERPRETED:
+        tl.inline_asm_elementwise("fence.sc.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _round(x, dtype):
+    """x rounded to the activation dtype, kept in fp32: where the torch path stores a tensor."""
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _load_rows(ptr, rows, rows_ok, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Whole rows of a row-major [*, K] matrix: [len(rows), BLOCK_K >= K], zero past K and in
+    rows that are not ok. One load per matrix, so that a program waits for memory once."""
+    k = tl.arange(0, BLOCK_K)
+    return tl.load(ptr + rows[:, None] * K + k[None, :], mask=rows_ok[:, None] & (k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _rms_norm(x, norm_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """F.rms_norm of the rows of x [BLOCK_M, BLOCK_K] (zero past K), rounded to x's dtype like torch's."""
+    k = tl.arange(0, BLOCK_K)
+    weight = tl.load(norm_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / K + eps)
+    return (xf * rstd[:, None] * weight[None, :]).to(x.dtype)
+
+
+@triton.jit
+def _add_residual(x_ptr, m, m_ok, n, n_ok, acc, D: tl.constexpr):
+    """x[m, n] += acc, rounding like torch: the matmul's output, then the sum."""
+    ptrs = x_ptr + m[:, None] * D + n[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    x = tl.load(ptrs, mask=ok, other=0.0)
+    tl.store(ptrs, (x.to(tl.float32) + _round(acc, x.dtype)).to(x.dtype), mask=ok)
+
+
+@triton.jit
+def norm_qkv_rope_kernel(
+    x_ptr, norm_ptr, wqkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    W, max_len, eps,
+    D: tl.constexpr, N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """q, k, v of the W rows of x. A program owns BLOCK_N row pairs (j, j + HEAD_DIM/2) of some
+    heads of Wqkv: the two halves that rotate-half RoPE mixes, so RoPE fits in the epilogue."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    N_PAIRS: tl.constexpr = (N_HEADS + 2 * N_KV_HEADS) * HALF
+    pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pair_ok = pair < N_PAIRS
+    head, j = pair // HALF, pair % HALF  # heads 0..N_HEADS-1 are q, then k, then v
+    row_lo = head * HEAD_DIM + j
+    w_lo = _load_rows(wqkv_ptr, row_lo, pair_ok, D, BLOCK_K)  # the weights first: the longest wait
+    w_hi = _load_rows(wqkv_ptr, row_lo + HALF, pair_ok, D, BLOCK_K)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < W
+    pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
+    a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
+    dtype = a.dtype
+    lo = _round(_matmul(a, w_lo), dtype)  # [BLOCK_M, BLOCK_N], the qkv matmul's output rounding
+    hi = _round(_matmul(a, w_hi), dtype)
+
+    # RoPE, as model.py computes it: x * cos + rotate_half(x) * sin, each product and the sum rounded.
+    angle = pos[:, None] * HEAD_DIM + j[None, :]
+    cos_lo = tl.load(cos_ptr + angle).to(tl.float32)
+    sin_lo = tl.load(sin_ptr + angle).to(tl.float32)
+    cos_hi = tl.load(cos_ptr + angle + HALF).to(tl.float32)
+    sin_hi = tl.load(sin_ptr + angle + HALF).to(tl.float32)
+    is_v = (head >= N_HEADS + N_KV_HEADS)[None, :]
+    out_lo = tl.where(is_v, lo, _round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype)).to(dtype)
+    out_hi = tl.where(is_v, hi, _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype)).to(dtype)
+
+    # q to its buffer [W, N_HEADS * HEAD_DIM]; k and v into the cache [N_KV_HEADS, max_len, HEAD_DIM] at pos.
+    ok = m_ok[:, None] & pair_ok[None, :]
+    is_q = (head < N_HEADS)[None, :]
+    q_at = q_ptr + m[:, None] * (N_HEADS * HEAD_DIM) + row_lo[None, :]
+    tl.store(q_at, out_lo, mask=ok & is_q)
+    tl.store(q_at + HALF, out_hi, mask=ok & is_q)
+    kv_head = tl.where(is_v, head[None, :] - N_HEADS - N_KV_HEADS, head[None, :] - N_HEADS)
+    cache_at = (kv_head * max_len + pos[:, None]) * HEAD_DIM + j[None, :]
+    is_k = ~is_q & ~is_v
+    tl.store(k_cache_ptr + cache_at, out_lo, mask=ok & is_k)
+    tl.store(k_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_k)
+    tl.store(v_cache_ptr + cache_at, out_lo, mask=ok & is_v)
+    tl.store(v_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_v)
+
+
+@triton.jit
+def attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, done_ptr,
+    W, max_len, kv_len, split_len, splits, scale,
+    N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, MAX_SPLITS: tl.constexpr,
+):  # fmt: skip
+    """One KV head's query rows (W queries x the q heads sharing it) against one split of the cache,
+    entries [split * split_len, +split_len): an unnormalized output, row max and row sum per split.
+    The last split of the head to finish combines them into out [W, N_HEADS * HEAD_DIM] (flash-
+    decoding's reduction without a kernel launch of its own) and resets done_ptr for the next step."""
+    GROUP: tl.constexpr = N_HEADS // N_KV_HEADS
+    kv_head, split = tl.program_id(0), tl.program_id(1)
+    r = tl.arange(0, BLOCK_Q)
+    w = r // GROUP
+    r_ok = w < W
+    head = kv_head * GROUP + r % GROUP
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + (w * N_HEADS + head)[:, None] * HEAD_DIM + d[None, :], mask=r_ok[:, None], other=0.0)
+    pos = tl.load(pos_ptr + w, mask=r_ok, other=-1)
+
+    # Entries past the last query's position are masked for every row: skip their tiles.
+    start = split * split_len
+    end = tl.minimum(tl.minimum(start + split_len, kv_len), tl.max(pos, axis=0) + 1)
+    row_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
+    for s0 in range(start, end, BLOCK_KV):
+        s = s0 + tl.arange(0, BLOCK_KV)
+        at = (kv_head * max_len + s[:, None]) * HEAD_DIM + d[None, :]
+        k = tl.load(k_cache_ptr + at, mask=(s < end)[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + at, mask=(s < end)[:, None], other=0.0)
+        scores = _dot(q, tl.trans(k)) * scale
+        scores = tl.where(s[None, :] <= pos[:, None], scores, float("-inf"))  # causal by position
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
+        p = tl.exp(scores - safe_max[:, None])
+        rescale = tl.exp(row_max - safe_max)
+        row_sum = row_sum * rescale + tl.sum(p, axis=1)
+        acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v)
+        row_max = new_max
+    stat = (split * W + w) * N_HEADS + head  # partials are [splits, W, N_HEADS(, HEAD_DIM)]
+    tl.store(part_m_ptr + stat, row_max, mask=r_ok)
+    tl.store(part_l_ptr + stat, row_sum, mask=r_ok)
+    tl.store(part_o_ptr + stat[:, None] * HEAD_DIM + d[None, :], acc, mask=r_ok[:, None])
+
+    # Count this split done once every thread's stores are visible to the SM that combines; the
+    # counter's acquire and the barrier after it order that SM's reads (the threadFenceReduction pattern).
+    _fence()
+    tl.debug_barrier()
+    if tl.atomic_add(done_ptr + kv_head, 1, sem="acq_rel") == splits - 1:
+        tl.atomic_xchg(done_ptr + kv_head, 0)
+        top = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_Q], tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
+        n_splits = tl.full([BLOCK_Q], splits, tl.int32)  # a vector: the interpreter rejects scalar masks
+        for i in tl.static_range(MAX_SPLITS):  # unrolled, so the loads go out together; .cg: from L2,
+            ok = r_ok & (i < n_splits)  # where the other SMs' partials are (L1 is not coherent)
+            stat = (i * W + w) * N_HEADS + head
+            split_max = tl.load(part_m_ptr + stat, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            split_sum = tl.load(part_l_ptr + stat, mask=ok, other=0.0, cache_modifier=".cg")
+            split_out = tl.load(part_o_ptr + stat[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0,
+                                cache_modifier=".cg")  # fmt: skip
+            new_top = tl.maximum(top, split_max)
+            safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)
+            old_scale, split_scale = tl.exp(top - safe_top), tl.exp(split_max - safe_top)
+            total = total * old_scale + split_sum * split_scale
+            acc = acc * old_scale[:, None] + split_out * split_scale[:, None]
+            top = new_top
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]  # rows past W have nothing
+        tl.store(out_ptr + (w * N_HEADS + head)[:, None] * HEAD_DIM + d[None, :], out.to(q.dtype), mask=r_ok[:, None])
+
+
+@triton.jit
+def out_proj_residual_kernel(
+    attn_ptr, wo_ptr, x_ptr, W,
+    D: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """x[:, block] += attn @ Wo[block]^T."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < D
+    w = _load_rows(wo_ptr, n, n_ok, K, BLOCK_K)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < W
+    attn = _load_rows(attn_ptr, m, m_ok, K, BLOCK_K)
+    _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(attn, w), D)
+
+
+@triton.jit
+def norm_gate_up_kernel(
+    x_ptr, norm_ptr, w_ptr, h_ptr, W, eps,
+    D: tl.constexpr, FFN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """h = silu(gate) * up of rmsnorm(x): a program owns gate rows n and their up rows FFN + n."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < FFN
+    w_gate = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
+    w_up = _load_rows(w_ptr, FFN + n, n_ok, D, BLOCK_K)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < W
+    a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
+    dtype = a.dtype
+    gate = _round(_matmul(a, w_gate), dtype)
+    up = _round(_matmul(a, w_up), dtype)
+    h = _round(gate / (1.0 + tl.exp(-gate)), dtype) * up
+    tl.store(h_ptr + m[:, None] * FFN + n[None, :], h.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def down_residual_kernel(
+    h_ptr, w_ptr, x_ptr, W,
+    D: tl.constexpr, FFN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """x[:, block] += h @ Wdown[block]^T."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < D
+    w = _load_rows(w_ptr, n, n_ok, FFN, BLOCK_K)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < W
+    h = _load_rows(h_ptr, m, m_ok, FFN, BLOCK_K)
+    _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(h, w), D)
+
+
+@triton.jit
+def norm_lm_head_kernel(
+    x_ptr, norm_ptr, w_ptr, out_ptr, W, N, eps,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """logits = rmsnorm(x) @ Wout^T for the rows n of the (vocabulary-sized) output matrix."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    w = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < W
+    a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
+    logits = _matmul(a, w).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + m[:, None] * N + n[None, :], logits, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def attention_splits(kv_len: int) -> tuple[int, int]:
+    """(splits, entries per split) of a kv_len-entry cache: whole tiles, at most ATTN_MAX_SPLITS."""
+    tiles = triton.cdiv(kv_len, ATTN_BLOCK_KV)
+    split_len = triton.cdiv(tiles, min(tiles, ATTN_MAX_SPLITS)) * ATTN_BLOCK_KV
+    return triton.cdiv(kv_len, split_len), split_len
+
+
+class TritonStep:
+    """Transformer.forward_static as Triton kernels: the same contract, weights and KV cache.
+
+    One method per kernel. Weights and cache buffers are read from the model at each call (a
+    graph captures their addresses), so the step stays in step with setup_cache. Outputs and
+    scratch tensors are allocated per call, as torch ops do: inside a capture they come from the
+    graph's pool. The one state kept is the attention's split counters (zero between kernels),
+    which graphs captured from this step use: keep the step alive as long as its graphs.
+
+    blocks: the GEMV block table (BLOCKS); the CPU tests give the interpreter larger blocks.
+    """
+
+    def __init__(self, model: Transformer, blocks: dict | None = None):
+        cfg = model.cfg
+        if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
+            raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
+        self.model, self.cfg = model, cfg
+        self.blocks = blocks or BLOCKS
+        self.splits_done = torch.zeros(cfg.n_kv_heads, dtype=torch.int32, device=model.norm.weight.device)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """tokens [1, W] at positions [W] (device tensors), attending over the first kv_len cache
+        entries; the logits of all W positions [1, W, V]."""
+        if tokens.shape[1] > MAX_ROWS:
+            raise ValueError(f"the Triton step takes at most {MAX_ROWS} tokens, not {tokens.shape[1]}")
+        x = F.embedding(tokens[0], self.model.tok_embeddings.weight)  # [W, D], updated in place
+        for layer in self.model.layers:
+            q = self.norm_qkv_rope(layer, x, positions)
+            attn = self.attention(layer, q, positions, kv_len)
+            self.out_proj_residual(layer, attn, x)
+            h = self.norm_gate_up(layer, x)
+            self.down_residual(layer, h, x)
+        return self.norm_lm_head(x)
+
+    def norm_qkv_rope(self, layer, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """q [W, n_heads * head_dim]; k and v go into the layer's cache at positions."""
+        cfg, cache = self.cfg, layer.attn.kv_cache
+        q = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim, device=x.device, dtype=x.dtype)
+        block_n, warps = self._block("qkv", x)
+        pairs = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim // 2
+        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n),)](
+            x, layer.attn_norm.weight, layer.attn.wqkv.weight, self.model.rope_cos, self.model.rope_sin,
+            positions, q, cache.k, cache.v, x.shape[0], cache.k.shape[2], layer.attn_norm.eps,
+            cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, _rows(x), block_n, _whole(cfg.dim),
+            num_warps=warps,
+        )  # fmt: skip
+        return q
+
+    def attention(self, layer, q: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The attention output [W, n_heads * head_dim] of q over the first kv_len cache entries."""
+        cfg, cache = self.cfg, layer.attn.kv_cache
+        width = q.shape[0]
+        splits, split_len = attention_splits(kv_len)
+        f32 = dict(device=q.device, dtype=torch.float32)
+        part_out = torch.empty(splits, width, cfg.n_heads, cfg.head_dim, **f32)
+        part_max = torch.empty(splits, width, cfg.n_heads, **f32)
+        part_sum = torch.empty(splits, width, cfg.n_heads, **f32)
+        out = torch.empty_like(q)
+        block_q = max(16, triton.next_power_of_2(width * (cfg.n_heads // cfg.n_kv_heads)))  # tl.dot: >= 16 rows
+        attention_kernel[(cfg.n_kv_heads, splits)](
+            q, cache.k, cache.v, positions, part_out, part_max, part_sum, out, self.splits_done,
+            width, cache.k.shape[2], kv_len, split_len, splits, 1.0 / math.sqrt(cfg.head_dim),
+            cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_q, ATTN_BLOCK_KV, ATTN_MAX_SPLITS, num_warps=4,
+        )  # fmt: skip
+        return out
+
+    def out_proj_residual(self, layer, attn: torch.Tensor, x: torch.Tensor) -> None:
+        cfg = self.cfg
+        block_n, warps = self._block("wo", x)
+        k = cfg.n_heads * cfg.head_dim
+        out_proj_residual_kernel[(triton.cdiv(cfg.dim, block_n),)](
+            attn, layer.attn.wo.weight, x, x.shape[0], cfg.dim, k, _rows(x), block_n, _whole(k), num_warps=warps,
+        )  # fmt: skip
+
+    def norm_gate_up(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """h = silu(gate) * up [W, ffn_dim]."""
+        cfg = self.cfg
+        h = torch.empty(x.shape[0], cfg.ffn_dim, device=x.device, dtype=x.dtype)
+        block_n, warps = self._block("gate_up", x)
+        norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n),)](
+            x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], layer.ffn_norm.eps,
+            cfg.dim, cfg.ffn_dim, _rows(x), block_n, _whole(cfg.dim), num_warps=warps,
+        )  # fmt: skip
+        return h
+
+    def down_residual(self, layer, h: torch.Tensor, x: torch.Tensor) -> None:
+        cfg = self.cfg
+        block_n, warps = self._block("down", x)
+        down_residual_kernel[(triton.cdiv(cfg.dim, block_n),)](
+            h, layer.ffn.w_down.weight, x, x.shape[0], cfg.dim, cfg.ffn_dim, _rows(x), block_n, _whole(cfg.ffn_dim),
+            num_warps=warps,
+        )  # fmt: skip
+
+    def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
+        """logits [1, W, V] of the final norm of x."""
+        model = self.model
+        vocab = model.output.weight.shape[0]
+        logits = torch.empty(1, x.shape[0], vocab, device=x.device, dtype=x.dtype)
+        block_n, warps = self._block("lm_head", x)
+        norm_lm_head_kernel[(triton.cdiv(vocab, block_n),)](
+            x, model.norm.weight, model.output.weight, logits, x.shape[0], vocab, model.norm.eps,
+            self.cfg.dim, _rows(x), block_n, _whole(self.cfg.dim), num_warps=warps,
+        )  # fmt: skip
+        return logits
+
+    def _block(self, matrix: str, x: torch.Tensor) -> tuple[int, int]:
+        """(BLOCK_N, num_warps) for the matrix at x's width: decoding or verifying."""
+        return self.blocks[matrix][x.shape[0] > 1]
+
+
+def _rows(x: torch.Tensor) -> int:
+    """BLOCK_M for x's rows: one for plain decoding, else the W rows padded to tl.dot's 16."""
+    return 1 if x.shape[0] == 1 else MAX_ROWS
+
+
+def _whole(k: int) -> int:
+    """BLOCK_K: a whole row of K, as a power of two (masked past K)."""
+    return triton.next_power_of_2(k)
