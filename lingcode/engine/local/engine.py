@@ -23,7 +23,7 @@ import torch
 
 from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
 from lingcode.engine.local.cuda_graphs import GraphRunner
-from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore
+from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore, common_prefix
 from lingcode.engine.local.model import Transformer, row_exact_kv_len
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.speculative import (
@@ -43,14 +43,6 @@ class _Request:
     emit: callable
     aborted: threading.Event = field(default_factory=threading.Event)
     steps_after_abort: int = 0
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class LocalEngine:
@@ -348,7 +340,7 @@ class LocalEngine:
 
     def _reuse_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ids the cache holds: the live cache's, or a saved prefix's."""
-        live = _common_prefix(self._cached_ids, ids)
+        live = common_prefix(self._cached_ids, ids)
         caches = [layer.attn.kv_cache for layer in self.model.layers]
         saved, shared = self.kv_store.best_match(ids)
         # A saved entry is restored (and so kept from eviction) only if it saves real prefill: one
