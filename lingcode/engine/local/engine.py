@@ -362,8 +362,8 @@ class LocalEngine:
 def compile_narrow_step(model: Transformer):
     """torch.compile the CPU's decode/verify forward (up to row_exact_rows tokens): Inductor fuses
     the small elementwise ops between the matmuls, which at batch 1 cost as much as the matmuls.
-    Measured on 2 cores, context 800: 17-19 ms a step vs 28-31 ms eager; compiling takes ~140 s
-    cold and ~35 s from Inductor's on-disk cache. dynamic=True: one graph for every width and
+    Measured on 2 cores, context 800 (bench/cpu_variants.py --compile): 15 ms a step vs 24 ms
+    eager; compiling took 123 s (less from Inductor's on-disk cache). dynamic=True: one graph for every width and
     position. Warmed up here, at load, on positions the first request overwrites (not 0 or 1:
     Dynamo specializes those values, and a real step would compile again)."""
     step = torch.compile(model.forward, dynamic=True)

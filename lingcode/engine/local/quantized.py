@@ -1,19 +1,20 @@
-"""Weight-only int4 and int8 matmuls: how the CPU decodes at the speed of a quantized file.
+"""Weight-only int4 matmuls: how the CPU decodes at the speed of a quantized file.
 
 A batch-1 decode step reads every weight once to produce one row, so on the CPU its time is the
 weights' bytes over memory bandwidth (and whether they fit in the last-level cache). GGUF's Q4_1
 blocks (32 four-bit codes, a scale and a min) map exactly onto torch's int4pack layout, whose
 kernel computes w = (q - 8) * scale + zero: with zero = min + 8 * scale it is the same weight, so
 decoding runs the file's own 4-bit codes, as llama.cpp does (its f16 scales and mins rounded to
-bf16, the kernel's type). Q8_0 (the output head) is split into two 4-bit parts (q8_from_blocks). Wide inputs (prefill chunks)
-go to the dense bf16 weight instead: there oneDNN's bf16 GEMM (AMX) beats the int4 kernel, which
-unpacks the weights again for every call.
+bf16, the kernel's type). Q8_0 (the output head) is split into two 4-bit parts (q8_from_blocks).
+Wide inputs (prefill chunks) go to the dense bf16 weight instead: there oneDNN's bf16 GEMM (AMX)
+beats the int4 kernel, which unpacks the weights again for every call.
 
-Measured on 2 cores of this repo's CI machine (Xeon with AMX), SmolLM2-135M, context 800: one
-decode step 21 ms with int4 layers vs 34 ms all f32; a 512-token prefill chunk 178 ms in bf16 vs
-1.1 s with int4 and 0.6 s in f32. The head as two int4 parts reads 28 MB a step instead of 56 MB
-dense bf16; torch's int8 kernel would read as little but takes one scale per row, not per 32
-weights, and such a head agreed with the file's on the next token only 182 times in 200.
+`bench/cpu_variants.py` measures it (2 cores of this repo's CI machine, Xeon with AMX,
+SmolLM2-135M; bench/results/cpu-variants-2026-11-29.txt): a decode step at context 800 takes
+24 ms vs 38 ms with the f32 dense weights, a 512-token prefill chunk 526 ms vs 753 ms, and the
+next token is the f32 weights' 196 times in 200. Measured once with scratch scripts, not kept:
+the int4 kernel on a 512-token chunk was slower than f32 (~1.1 s), and torch's int8 kernel as the
+head (one scale per row, not per 32 weights) picked the f32 weights' token only 182 times in 200.
 """
 
 from __future__ import annotations
