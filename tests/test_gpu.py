@@ -153,3 +153,26 @@ async def test_speculation_is_lossless_with_the_triton_step(triton_engine):
         ids = chat_ids(triton_engine, prompt)
         plain = await generate(triton_engine, ids, params, "off")
         assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
+
+
+async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engine):
+    """xgrammar's bitmask (filled on the CPU) applied to logits on the GPU, with its GPU kernel:
+    the default model writes JSON that validates against the schema, greedy and sampled."""
+    import json
+
+    from lingcode.grammar import constraint
+
+    SCHEMA = {"type": "object", "properties": {"language": {"type": "string", "enum": ["python", "rust", "go"]},
+              "lines": {"type": "integer", "minimum": 1}}, "required": ["language", "lines"], "additionalProperties": False}  # fmt: skip
+
+    info = gpu_engine.info
+    ids = chat_ids(gpu_engine, "Which language is this project in?")
+    for seed in (None, 1, 2, 3):
+        grammar = constraint(info.tokenizer, info.eos_token_ids, "json_schema", SCHEMA)
+        sampling = dict(temperature=0.0) if seed is None else dict(temperature=0.8, seed=seed)
+        params = SamplingParams(max_tokens=40, constraint=grammar, **sampling)
+        out = await generate(gpu_engine, ids, params, "ngram")  # a grammar turns drafting off
+        assert grammar.is_terminated(), seed
+        value = json.loads(info.tokenizer.decode([t for t in out if t not in info.eos_token_ids]))
+        assert set(value) == {"language", "lines"} and value["language"] in SCHEMA["properties"]["language"]["enum"]
+        assert isinstance(value["lines"], int) and value["lines"] >= 1
