@@ -42,14 +42,6 @@ def triton_engine(model_path):
     return load_engine(model_path, device="cuda", kernels="triton")
 
 
-@pytest.fixture(scope="module")
-def eager_engine(model_path):
-    """The same model on the GPU without graphs: the plain host loop, one token per step."""
-    from lingcode.engine.local import load_engine
-
-    return load_engine(model_path, device="cuda", speculation="off", cuda_graphs=False)
-
-
 def chat_ids(engine, text: str) -> list[int]:
     return engine.info.tokenizer.encode(render_chat(engine.info.chat_template, [{"role": "user", "content": text}]))
 
@@ -75,12 +67,15 @@ def test_captured_step_matches_the_eager_forward(gpu_engine):
     assert (eager.argmax(-1) == graphed.argmax(-1)).all()
 
 
-async def test_greedy_is_identical_eager_pipelined_and_speculative(gpu_engine, eager_engine):
+async def test_greedy_is_identical_pipelined_and_speculative(gpu_engine):
+    """Drafting changes no greedy token: plain decoding (the pipelined loop, width-1 graphs) against
+    n-gram drafts verified in the 2-8 wide graphs. (The eager forward is held to close logits in the
+    test above, not to equal tokens: it runs another attention kernel (model.EAGER_ATTENTION), and
+    with cuDNN's out of eager forwards the tokens parted at a near-tie on the H200.)"""
     params = SamplingParams(max_tokens=48, temperature=0.0)
     for prompt in PROMPTS:
         ids = chat_ids(gpu_engine, prompt)
-        reference = await generate(eager_engine, ids, params)
-        assert await generate(gpu_engine, ids, params, "off") == reference, prompt
+        reference = await generate(gpu_engine, ids, params, "off")
         assert await generate(gpu_engine, ids, params, "ngram") == reference, prompt
 
 
@@ -143,16 +138,12 @@ def test_triton_step_matches_the_torch_step(gpu_engine, triton_engine):
         triton_engine.reset_cache()
 
 
-async def test_speculation_is_lossless_with_the_triton_step(triton_engine):
-    """The Triton step decodes (pipelined loop, width 1) and verifies drafts (widths 2-8) after a
-    torch prefill: drafting changes no greedy token. (Against the eager torch forward the tokens
-    may part at a near-tie: the kernels round in another order; on the H200 "Write a Python
-    function that reverses a string." parted at token 8. The kernel test above bounds the logits.)"""
-    params = SamplingParams(max_tokens=48, temperature=0.0)
-    for prompt in PROMPTS:
-        ids = chat_ids(triton_engine, prompt)
-        plain = await generate(triton_engine, ids, params, "off")
-        assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
+def test_the_triton_step_refuses_speculation(triton_engine):
+    """Its verify kernels round unlike its decode kernels: on the H200, drafting changed a greedy
+    token ("What is the capital of France?", token 19), so the engine runs it without drafting."""
+    assert triton_engine.speculation == "off"
+    with pytest.raises(ValueError, match="Triton"):
+        triton_engine.set_speculation("ngram")
 
 
 async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engine):

@@ -7,12 +7,22 @@ larger matmuls mean fewer passes and fewer kernel launches.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lingcode.engine.local.quantized import MAX_QUANTIZED_ROWS, CpuLinear, Q4Weight
 from lingcode.engine.local.weights import ModelConfig
+
+# Eager GPU forwards (prefill, the early-exit draft) leave out cuDNN's attention: it builds a graph
+# per input shape and keeps it for good (a thread-local cache with no limit), and eager shapes
+# change with every prompt length and position. On the H200 that grew the daemon's host memory
+# ~1.9 MB per new shape (bench/results/soak-h200-*). Captured steps (forward_static) keep cuDNN:
+# their shapes are fixed at load, so its cache stays as it was after capture.
+EAGER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class RMSNorm(nn.Module):
@@ -206,8 +216,9 @@ class Transformer(nn.Module):
             positions = torch.arange(end, device=tokens.device)
             mask = positions[None, :] <= positions[start:end, None]
         x = self.tok_embeddings(tokens)
-        for layer in self.layers[:n_layers]:
-            x = layer(x, cos, sin, start, kv_len, mask)
+        with sdpa_kernel(EAGER_ATTENTION) if x.is_cuda else nullcontext():
+            for layer in self.layers[:n_layers]:
+                x = layer(x, cos, sin, start, kv_len, mask)
         x = self.norm(x if all_logits else x[:, -1:])
         return self.output(x)
 
