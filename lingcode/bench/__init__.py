@@ -1,1 +1,19 @@
 """Benchmarks, not tests: `lingcode bench` (decode speed, decode.py) and `lingcode bench NAME` (NAME.py with main(args)), on real parts."""
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def source_commit() -> str:
+    """The commit a result was measured at: $LINGCODE_COMMIT on a copy of the tree without its own
+    history (the GPU machine), else git's HEAD; "" where neither is known."""
+    if os.environ.get("LINGCODE_COMMIT"):
+        return os.environ["LINGCODE_COMMIT"]
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return done.stdout.strip()
+    except OSError:
+        return ""

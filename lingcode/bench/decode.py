@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from lingcode.bench import source_commit
 from lingcode.chat_template import render_chat
 from lingcode.engine import SamplingParams
 
@@ -322,20 +321,10 @@ def run(args) -> int:
     return _measure(args, report, info, runners)
 
 
-def _commit() -> str:
-    if os.environ.get("LINGCODE_COMMIT"):  # a copy of the tree without .git (the GPU machine)
-        return os.environ["LINGCODE_COMMIT"]
-    try:
-        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        return done.stdout.strip()
-    except OSError:
-        return ""
-
-
 def _measure(args, report: Report, info, runners: list) -> int:
     from rich.progress import Progress
 
-    report.commit = _commit()
+    report.commit = source_commit()
     results: list[Result] = []
     workloads = [w for w in args.workload.split(",") if w]
     plan = [(w, r) for w in workloads

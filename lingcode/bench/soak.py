@@ -34,6 +34,8 @@ from typing import Callable
 
 import httpx
 
+from lingcode.bench import source_commit
+
 REPO = Path(__file__).resolve().parents[2]
 
 TASKS = [
@@ -301,7 +303,7 @@ def run(args) -> int:
     else:
         report, stopped = _with_own_daemon(args, config, say)
     result = {**asdict(report), "ok": report.ok and stopped in (None, True), "daemon_stopped_cleanly": stopped,
-              "command": "lingcode " + " ".join(sys.argv[1:]), "commit": _commit()}  # fmt: skip
+              "command": "lingcode " + " ".join(sys.argv[1:]), "commit": source_commit()}  # fmt: skip
     print(summary(result))
     if args.out:
         out = Path(args.out)
@@ -341,14 +343,6 @@ def _with_own_daemon(args, config: SoakConfig, say) -> tuple[SoakReport, bool]:
                 process.kill()
                 process.wait()
     return report, stopped
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
-    except OSError:
-        return ""
 
 
 def summary(result: dict) -> str:
