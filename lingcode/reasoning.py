@@ -10,7 +10,7 @@ is kept for the answer (the tool parser's input).
 from __future__ import annotations
 
 from lingcode.families import Reasoning
-from lingcode.tool_parsers import partial_tag_len
+from lingcode.tool_parsers import split_at_tag
 
 
 class ReasoningSplitter:
@@ -27,16 +27,13 @@ class ReasoningSplitter:
         reasoning = answer = ""
         while self.buffer:
             if self.inside:
-                ends = [(i, tag) for tag in (self.tags.end, *self.tags.also_ends_at) if (i := self.buffer.find(tag)) >= 0]
-                if not ends:
-                    keep = partial_tag_len(self.buffer, (self.tags.end, *self.tags.also_ends_at))
-                    reasoning += self.buffer[: len(self.buffer) - keep]
-                    self.buffer = self.buffer[len(self.buffer) - keep :]
+                text, tag, rest = split_at_tag(self.buffer, (self.tags.end, *self.tags.also_ends_at))
+                reasoning += text
+                if tag is None:
+                    self.buffer = rest
                     break
-                i, tag = min(ends)
-                reasoning += self.buffer[:i]
                 # the end tag is dropped; a tag that also ends reasoning belongs to the answer
-                self.buffer = self.buffer[i + len(tag) :] if tag == self.tags.end else self.buffer[i:]
+                self.buffer = rest if tag == self.tags.end else tag + rest
                 self.inside = False
                 self.after_reasoning = True
             elif not self.seen_start:

@@ -13,26 +13,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lingcode.server.openai_api import _Strict
+from lingcode.server.validation import StrictModel, TokenCount, ToolName, TopP, check_tool_choice
 from lingcode.tool_parsers import Tool
 from lingcode.turns import ToolChoice
 
 MAX_STOP_SEQUENCES = 8
 
 
-class TextBlock(_Strict):
+class TextBlock(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class ToolUseBlock(_Strict):
+class ToolUseBlock(StrictModel):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any]
 
 
-class ToolResultBlock(_Strict):
+class ToolResultBlock(StrictModel):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[TextBlock] = ""
@@ -52,7 +52,7 @@ class ToolResultBlock(_Strict):
         return self.content if isinstance(self.content, str) else "\n".join(b.text for b in self.content)
 
 
-class ThinkingBlock(_Strict):
+class ThinkingBlock(StrictModel):
     type: Literal["thinking", "redacted_thinking"]
     thinking: str = ""
 
@@ -60,7 +60,7 @@ class ThinkingBlock(_Strict):
 Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
 
 
-class AnthropicMessage(_Strict):
+class AnthropicMessage(StrictModel):
     role: Literal["user", "assistant", "system"]  # Claude Code sends system messages amid the turns
     content: str | list[Block]
 
@@ -75,14 +75,14 @@ class AnthropicMessage(_Strict):
         return content
 
 
-class AnthropicTool(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+class AnthropicTool(StrictModel):
+    name: ToolName
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
 
 
-class AnthropicToolChoice(_Strict):
+class AnthropicToolChoice(StrictModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool = False
@@ -94,17 +94,17 @@ class AnthropicToolChoice(_Strict):
         return self
 
 
-class JSONOutputFormat(_Strict):
+class JSONOutputFormat(StrictModel):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(_Strict):
+class OutputConfig(StrictModel):
     format: JSONOutputFormat | None = None
     effort: str | None = None  # accepted; one model, one effort
 
 
-class CountTokensRequest(_Strict):
+class CountTokensRequest(StrictModel):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
@@ -154,10 +154,10 @@ class CountTokensRequest(_Strict):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: TokenCount
     stop_sequences: list[str] | None = Field(None, max_length=MAX_STOP_SEQUENCES)
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, ge=0, le=1)  # Anthropic's range: 0 to 1, not OpenAI's 2
+    top_p: TopP | None = None
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     output_config: OutputConfig | None = None  # structured outputs: the answer is JSON valid against the schema
@@ -172,6 +172,11 @@ class MessagesRequest(CountTokensRequest):
         if any(not s for s in stops or []):
             raise ValueError("stop sequences must not be empty")
         return stops
+
+    @model_validator(mode="after")
+    def _tool_choice_fits(self):
+        check_tool_choice(self.choice(), [t.name for t in self.tools or []], required="any")
+        return self
 
 
 def _user(blocks: list) -> list[dict]:

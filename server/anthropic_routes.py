@@ -32,9 +32,9 @@ from lingcode.server import inputs
 from lingcode.server.anthropic_api import CountTokensRequest, MessagesRequest
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError, invalid
-from lingcode.server.openai_api import parse
 from lingcode.server.openapi import request_body
 from lingcode.server.turn_runner import as_api_error, constrained, respond
+from lingcode.server.validation import parse
 from lingcode.tool_parsers import CallArgs, CallStart
 from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
 
@@ -67,10 +67,6 @@ class AnthropicRoutes:
     async def messages(self, request: Request) -> Response:
         body = parse(MessagesRequest, await read_json(request, self.max_body_bytes))
         choice = body.choice()
-        if choice.name is not None and choice.name not in {t.name for t in body.tools or []}:
-            raise invalid(f"tool_choice: no tool named {choice.name!r} in tools", param="tool_choice")
-        if choice.mode == "required" and not body.tools:
-            raise invalid("tool_choice: 'any' needs tools", param="tool_choice")
         prompt = self._prompt(body)
         input_ids = self.info.tokenizer.encode(prompt)
         params = inputs.sampling_params(self.info, _Sampling(body), len(input_ids), "messages")

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -31,31 +31,27 @@ from lingcode.generation import TextChunk, generate_text
 from lingcode.scheduler import Priority, Scheduler
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
-from lingcode.server.openai_api import parse
 from lingcode.server.openai_routes import as_api_error
 from lingcode.server.openapi import request_body
 from lingcode.server.responses import DONE, sse, timings_dict, usage_dict
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
+from lingcode.server.validation import StrictModel, TokenCount, TopP, parse
 
 MAX_CONTEXT_CHUNKS = 32
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class ContextChunk(_Strict):
+class ContextChunk(StrictModel):
     path: str = Field(max_length=4096)
     text: str
 
 
-class BudgetsBody(_Strict):
+class BudgetsBody(StrictModel):
     prefix_tokens: int = Field(Budgets.prefix_tokens, ge=0)
     suffix_tokens: int = Field(Budgets.suffix_tokens, ge=0)
     context_tokens: int = Field(Budgets.context_tokens, ge=0)
 
 
-class CompleteRequest(_Strict):
+class CompleteRequest(StrictModel):
     prefix: str
     suffix: str = ""
     path: str | None = Field(None, max_length=4096)
@@ -63,11 +59,11 @@ class CompleteRequest(_Strict):
     repo: str | None = Field(None, max_length=256)
     context: list[ContextChunk] = Field(default_factory=list, max_length=MAX_CONTEXT_CHUNKS)
     document: str | None = Field(None, max_length=8192)  # latest wins per document
-    max_tokens: int = Field(64, ge=1, le=1024)
+    max_tokens: TokenCount = Field(64, le=1024)
     time_budget_ms: float | None = Field(500, ge=0)  # null: no time budget
     multiline: bool | None = None  # null: decided by the cursor (one line mid-line)
     temperature: float = Field(0.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: TopP = 1.0
     seed: int | None = Field(None, ge=0, lt=2**63)
     budgets: BudgetsBody = Field(default_factory=BudgetsBody)
     stream: bool = False

@@ -4,38 +4,35 @@ Types are strict (a max_tokens of "5" or true is a 400, not a guess) and ranges 
 Fields this server does not implement are accepted only at their neutral value (n=1, no
 penalties, no logprobs, ...), so that a client never gets output silently different from what it
 asked for; any other value is a 400 that names the field. Unknown extra fields are ignored, as
-OpenAI-compatible servers do, since SDKs and frameworks send many of them.
+OpenAI-compatible servers do, since SDKs and frameworks send many of them. The base model,
+parse() and the rules other APIs share are in server/validation.py.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from lingcode.server.errors import APIError, invalid
+from lingcode.server.validation import (StrictModel, TokenCount, ToolName, TopP, check_tool_choice,
+                                        check_unique_tool_names)  # fmt: skip
 from lingcode.tool_parsers import Tool
 from lingcode.turns import ToolChoice
 
 MAX_STOP_STRINGS = 4
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class TextPart(_Strict):
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class CalledFunction(_Strict):
+class CalledFunction(StrictModel):
     name: str
     arguments: str | dict[str, Any] = "{}"  # a JSON string, as OpenAI sends it; some clients send the object
 
 
-class ToolCall(_Strict):
+class ToolCall(StrictModel):
     """An earlier tool call of the assistant's, as it is sent back. Checked here: a call without a
     function name was a 500 in the prompt renderer (fuzzing)."""
 
@@ -44,7 +41,7 @@ class ToolCall(_Strict):
     function: CalledFunction
 
 
-class Message(_Strict):
+class Message(StrictModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -82,7 +79,7 @@ class Message(_Strict):
         return message
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
@@ -90,13 +87,13 @@ def _unsupported(value: object) -> ValueError:
     return ValueError(f"{value!r} is not supported by this server")
 
 
-class GenerationRequest(_Strict):
+class GenerationRequest(StrictModel):
     """Fields both routes share: sampling, stopping, streaming."""
 
     model: str | None = None  # one model is served; any name reaches it
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: TokenCount | None = None
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: TopP | None = None
     top_k: int | None = Field(None, ge=-1)  # an extension (vLLM's): -1 or 0 means no cut
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # the range torch's generators take
     n: int | None = None
@@ -146,35 +143,35 @@ class GenerationRequest(_Strict):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-class FunctionDef(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+class FunctionDef(StrictModel):
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolDef(_Strict):
+class ToolDef(StrictModel):
     type: Literal["function"]
     function: FunctionDef
 
 
-class FunctionName(_Strict):
+class FunctionName(StrictModel):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: FunctionName
 
 
-class JSONSchemaFormat(_Strict):
+class JSONSchemaFormat(StrictModel):
     name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
     description: str | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
@@ -187,7 +184,7 @@ class ResponseFormat(_Strict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[ToolDef] | None = None
@@ -205,13 +202,8 @@ class ChatCompletionRequest(GenerationRequest):
     @model_validator(mode="after")
     def _tool_choice_fits(self):
         names = [t.function.name for t in self.tools or []]
-        if len(set(names)) != len(names):
-            raise ValueError("tools: two tools have the same name")
-        choice = self.tool_choice
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise ValueError(f"tool_choice: no tool named {choice.function.name!r} in tools")
-        if choice == "required" and not names:
-            raise ValueError("tool_choice: 'required' needs tools")
+        check_unique_tool_names(names)
+        check_tool_choice(self.choice(), names)
         return self
 
     def tool_list(self) -> list[Tool]:
@@ -265,29 +257,3 @@ class CompletionRequest(GenerationRequest):
         if value is not None:
             raise ValueError("logprobs are not supported by this server")
         return value
-
-
-# Pydantic names union members in error locations ("content", "list[TextPart]", 0, "type"); a
-# client wants the field path, so those tags are dropped.
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|[A-Z]\w*|\w+\[.*\]|[\w-]+-\w+\[.*\])$")
-
-
-def parse(model: type[_Strict], data: object) -> _Strict:
-    """Validate a parsed JSON body; the first problem becomes a 400 naming the field."""
-    if not isinstance(data, dict):
-        raise invalid("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        parts: list[str] = []
-        for part in error["loc"]:
-            if isinstance(part, int):
-                parts.append(f"[{part}]")
-            elif not _UNION_TAG.match(part):
-                parts.append(("." if parts else "") + part)
-        param = "".join(parts) or None
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "missing":
-            message = "this field is required"
-        raise APIError(400, f"{param}: {message}" if param else message, param=param) from None

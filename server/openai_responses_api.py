@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lingcode.server.openai_api import GenerationRequest, _Strict
+from lingcode.server.openai_api import GenerationRequest
+from lingcode.server.validation import StrictModel, TokenCount, ToolName, check_tool_choice
 from lingcode.tool_parsers import Tool
 from lingcode.turns import ToolChoice
 
@@ -24,28 +25,28 @@ HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpr
                 "computer_use_preview")  # fmt: skip
 
 
-class ResponsesTool(_Strict):
+class ResponsesTool(StrictModel):
     type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     namespace: str | None = None  # set when the tool came inside a namespace tool
 
 
-class NamedFunction(_Strict):
+class NamedFunction(StrictModel):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Strict):
+class TextFormat(StrictModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class TextOptions(_Strict):
+class TextOptions(StrictModel):
     format: TextFormat | None = None
 
 
@@ -59,7 +60,7 @@ class ResponsesRequest(GenerationRequest):
     tools: list[ResponsesTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: TokenCount | None = None
     text: TextOptions | None = None
     previous_response_id: str | None = None
     store: bool | None = None
@@ -95,11 +96,7 @@ class ResponsesRequest(GenerationRequest):
 
     @model_validator(mode="after")
     def _fits(self):
-        names = [t.name for t in self.tools or []]
-        if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in names:
-            raise ValueError(f"tool_choice: no tool named {self.tool_choice.name!r} in tools")
-        if self.tool_choice == "required" and not names:
-            raise ValueError("tool_choice: 'required' needs tools")
+        check_tool_choice(self.choice(), [t.name for t in self.tools or []])
         if self.max_output_tokens is not None:
             self.max_tokens = self.max_output_tokens
         return self

@@ -32,10 +32,10 @@ from lingcode.scheduler import Scheduler
 from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError, invalid
-from lingcode.server.openai_api import parse
 from lingcode.server.openai_responses_api import ResponsesRequest
 from lingcode.server.openapi import request_body
 from lingcode.server.turn_runner import as_api_error, constrained, respond
+from lingcode.server.validation import parse
 from lingcode.tool_parsers import CallArgs, CallStart
 from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
 

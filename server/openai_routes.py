@@ -23,10 +23,11 @@ from lingcode.scheduler import QueueFull, Scheduler
 from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
-from lingcode.server.openai_api import ChatCompletionRequest, CompletionRequest, parse
+from lingcode.server.openai_api import ChatCompletionRequest, CompletionRequest
 from lingcode.server.openapi import request_body
 from lingcode.server.responses import DONE, CompletionShape, Shape, sse
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
+from lingcode.server.validation import parse
 
 log = logging.getLogger("lingcode.server")
 

@@ -29,16 +29,17 @@ from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.chat_turns import chat_sse, json_format
 from lingcode.server.errors import APIError, invalid
-from lingcode.server.openai_api import ChatCompletionRequest, Message, ToolDef, _Strict, parse
+from lingcode.server.openai_api import ChatCompletionRequest, Message, ToolDef
 from lingcode.server.openapi import request_body
 from lingcode.server.responses import ChatShape
 from lingcode.server.turn_runner import constrained, respond
+from lingcode.server.validation import StrictModel, check_unique_tool_names, parse
 from lingcode.sessions import Session, SessionError, SessionStore, commit, turn_prompt
 from lingcode.tool_parsers import Tool
 from lingcode.turns import TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
 
 
-class SessionCreateRequest(_Strict):
+class SessionCreateRequest(StrictModel):
     model: str | None = None
     messages: list[Message] = Field(default_factory=list)
     tools: list[ToolDef] | None = None
@@ -71,8 +72,10 @@ class SessionRoutes:
         body = parse(SessionCreateRequest, await read_json(request, self.max_body_bytes))
         tools = [Tool(t.function.name, t.function.description or "", t.function.parameters or {"type": "object", "properties": {}})
                  for t in body.tools or []]  # fmt: skip
-        if len({t.name for t in tools}) != len(tools):
-            raise invalid("tools: two tools have the same name", param="tools")
+        try:
+            check_unique_tool_names(t.name for t in tools)
+        except ValueError as exc:
+            raise invalid(str(exc), param="tools") from None
         session = self.store.create(family_for(self.info), tools, [m.for_template() for m in body.messages],
                                     body.idle_timeout_s)  # fmt: skip
         return JSONResponse(session.describe())

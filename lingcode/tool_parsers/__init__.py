@@ -4,6 +4,8 @@ A parser is fed the generated text as it arrives and returns events: plain text,
 tool call (index, id, name), and fragments of the call's arguments (JSON text). Text is held back
 only while it could still be the start of a tag, so an answer without tool calls streams as fast
 as it is generated. The non-streamed answer is the same events folded, so both paths agree.
+ToolParser holds that streaming for every format; a format's module gives only its tags and how
+a call's body becomes a name and arguments.
 
 Formats (chosen per model family in lingcode/data/families.toml):
     hermes  <tool_call>{"name": "f", "arguments": {...}}</tool_call>   (generic models, SmolLM2, Qwen)
@@ -73,15 +75,69 @@ def partial_tag_len(buffer: str, tags: tuple[str, ...]) -> int:
     return longest
 
 
-class ToolParser:
-    """feed() text as it comes, finish() at the end; both return events. `calls` is the result."""
+def split_at_tag(buffer: str, tags: tuple[str, ...]) -> tuple[str, str | None, str]:
+    """(text before the first tag, that tag, text after it); while no tag has arrived,
+    (the text that cannot be part of one, None, a possible start of one, held back).
 
-    OPEN = "<tool_call>"
+    Of tags found at the same place the smallest wins, as min() orders them.
+    """
+    found = min(((i, tag) for tag in tags if (i := buffer.find(tag)) >= 0), default=None)
+    if found is not None:
+        i, tag = found
+        return buffer[:i], tag, buffer[i + len(tag) :]
+    cut = len(buffer) - partial_tag_len(buffer, tags)
+    return buffer[:cut], None, buffer[cut:]
+
+
+class ToolParser:
+    """feed() text as it comes, finish() at the end; both return events. `calls` is the result.
+
+    The streaming is shared by every format: text outside calls goes out as soon as it cannot be
+    the start of OPEN, and a call's body (what lies between OPEN and CLOSE) is collected as it
+    arrives. A format says only how a body becomes a call, in three methods:
+        _stream()   the body grew: start the call and emit argument fragments once they are sure
+        _close()    CLOSE arrived: the rest of the call, or the body as text if it is no call
+        _cut_off()  the stream ended inside a call that had started (max_tokens)
+    Each emits through _start() and _args(), so `calls` always matches the events.
+    """
+
+    OPEN: str  # the tags around a call, set by each format
+    CLOSE: str
 
     def __init__(self, tools: list[Tool]):
         self.tools = {t.name: t for t in tools}
         self.calls: list[ToolCall] = []
         self.buffer = ""  # text not yet handled
+        self.body: str | None = None  # inside a call: its text so far
+        self.started = False  # inside a call: whether its CallStart went out
+
+    def feed(self, text: str) -> list[Event]:
+        self.buffer += text
+        events: list[Event] = []
+        while True:
+            if self.body is None:
+                before, opened = self._text_before_call()
+                events += before
+                if not opened:
+                    return events
+                self.body, self.started = "", False
+            else:
+                body, closed, self.buffer = split_at_tag(self.buffer, (self.CLOSE,))
+                self.body += body
+                if closed is None:
+                    return events + self._stream()
+                events += self._close()
+                self.body = None
+
+    def finish(self) -> list[Event]:
+        if self.body is None:
+            events = self._after_calls(self.buffer)
+        else:
+            self.body += self.buffer
+            # A call cut off by max_tokens is what arrived of it; a body that named no function, text.
+            events = self._cut_off() if self.started else _text(self.OPEN + self.body)
+        self.buffer, self.body = "", None
+        return events
 
     def _text_before_call(self) -> tuple[list[Event], bool]:
         """Outside a call: the text that is surely not part of one, and whether a call opened.
@@ -90,30 +146,29 @@ class ToolParser:
         Whitespace right after a call (the separator between parallel calls) is held back while
         nothing else follows it, and dropped at the end.
         """
-        i = self.buffer.find(self.OPEN)
-        if i >= 0:
-            text, self.buffer = self.buffer[:i], self.buffer[i + len(self.OPEN) :]
-            return _text(text if text.strip() or not self.calls else ""), True
-        keep = partial_tag_len(self.buffer, (self.OPEN,))
-        text = self.buffer[: len(self.buffer) - keep]
-        if self.calls and not text.strip():
+        text, opened, rest = split_at_tag(self.buffer, (self.OPEN,))
+        if opened is None and self.calls and not text.strip():
             return [], False  # held: only whitespace since the last call
-        self.buffer = self.buffer[len(self.buffer) - keep :]
-        return _text(text), False
+        self.buffer = rest
+        return self._after_calls(text), opened is not None
 
-    def _text_at_end(self, text: str) -> list[Event]:
+    def _after_calls(self, text: str) -> list[Event]:
+        """Text outside calls; once a call was made, whitespace alone is only their separator."""
         return _text(text if text.strip() or not self.calls else "")
 
-    def feed(self, text: str) -> list[Event]:
+    def _stream(self) -> list[Event]:
         raise NotImplementedError
 
-    def finish(self) -> list[Event]:
+    def _close(self) -> list[Event]:
         raise NotImplementedError
 
-    # Helpers for subclasses: record what is emitted, so `calls` always matches the events.
+    def _cut_off(self) -> list[Event]:
+        raise NotImplementedError
+
     def _start(self, name: str) -> CallStart:
         call = ToolCall(new_call_id(), name, "")
         self.calls.append(call)
+        self.started = True
         return CallStart(len(self.calls) - 1, call.id, name)
 
     def _args(self, fragment: str) -> list[CallArgs]:
