@@ -119,14 +119,15 @@ def test_tool_choice_none_leaves_text_alone(client):
 
 
 def test_json_schema_response_format(client):
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
     reply = client.chat.completions.create(
         model="any", messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=40,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}, **GREEDY)  # fmt: skip
-    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].finish_reason == "stop", repr(reply.choices[0].message.content)
     person = json.loads(reply.choices[0].message.content)
     assert set(person) == {"name", "age"} and isinstance(person["name"], str) and isinstance(person["age"], int)
+    assert len(person["name"]) <= 24  # the 135M model loops inside an unbounded string (seen: "Sakura-Sakura-...")
 
 
 def test_cached_tokens_reported_on_a_repeated_prefix(client):
