@@ -43,6 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         device=args.device,
         kernels=args.kernels,
+        compile=args.compile,
         max_queue=args.max_queue,
         log_level=args.log_level,
         session_idle_s=args.session_idle,
@@ -76,6 +77,8 @@ def cmd_lsp(args: argparse.Namespace) -> int:
     for option in ("engine", "model", "device", "port"):
         if getattr(args, option) is not None:
             serve_args += [f"--{option}", str(getattr(args, option))]
+    if args.compile:
+        serve_args.append("--compile")
     return lsp_main(serve_args, auto_start=not args.no_start)
 
 
@@ -258,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kernels", choices=["torch", "triton"], default="torch",
                        help="the local engine's captured GPU step: torch ops, or hand-written Triton kernels "
                             "(needs cuda; default: torch)")
+    serve.add_argument("--compile", action="store_true",
+                       help="torch.compile the local engine's decode step: on 2 CPU cores ~1.6x faster per token "
+                            "(bench/results/cpu-2026-11-29.md), for 2-5 minutes of compiling at start (less once "
+                            "Inductor's cache is warm); on a GPU, the captured step")
     serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
     serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,
@@ -327,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     lsp.add_argument("--model", metavar="M", default=None, help="model for a daemon it starts")
     lsp.add_argument("--device", default=None, help="device for a daemon it starts")
     lsp.add_argument("--port", metavar="N", type=_port, default=None, help="port for a daemon it starts")
+    lsp.add_argument("--compile", action="store_true", help="a daemon it starts compiles its decode step (see `serve --help`)")
     lsp.add_argument("--no-start", action="store_true", help="never start a daemon; use a running one")
     lsp.set_defaults(func=cmd_lsp)
 
@@ -342,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_lsp.add_argument("--start-line", type=int, default=None,
                            help="line where typing starts (default: a third into the file)")
     bench_lsp.add_argument("--chars", type=_positive, default=300, help="characters to type (default: 300)")
+    bench_lsp.add_argument("--compile", action="store_true", help="the daemon compiles its decode step (serve --compile)")
     bench_lsp.add_argument("--max-tokens", type=_positive, default=None, help="the LSP's maxTokens setting")
     bench_lsp.add_argument("--time-budget-ms", type=float, default=None, help="the LSP's timeBudgetMs setting")
     bench_lsp.add_argument("--model", default=None, help="model for a daemon the LSP starts")

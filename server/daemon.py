@@ -217,6 +217,7 @@ def serve(
     unix_socket: Path | None = None,
     log_format: str = "json",
     kernels: str = "torch",
+    compile: bool = False,
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
 
@@ -224,7 +225,8 @@ def serve(
     SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
-    kernels: the local engine's captured GPU step, "torch" or "triton".
+    kernels: the local engine's captured GPU step, "torch" or "triton". compile: torch.compile the
+    local engine's decode step (CPU: 1.6x faster steps for minutes of compiling at load).
     """
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
@@ -270,7 +272,7 @@ def serve(
             _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
             from lingcode.engine.local import load_engine
 
-            local_engine = load_engine(Path(model_path), device=device, kernels=kernels)
+            local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile)
     except KeyboardInterrupt:
         _close(sockets, unix_socket)
         return 130

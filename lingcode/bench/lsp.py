@@ -68,6 +68,7 @@ async def replay(args, path: Path) -> dict:
     client.feature(types.WINDOW_LOG_MESSAGE)(lambda params: None)
     serve_args = [arg for option in ("model", "device", "port") if getattr(args, option) is not None
                   for arg in (f"--{option}", str(getattr(args, option)))]  # fmt: skip
+    serve_args += ["--compile"] if args.compile else []
     options = {key: value for key, value in (("maxTokens", args.max_tokens), ("timeBudgetMs", args.time_budget_ms))
                if value is not None}  # fmt: skip
     await client.start_io(sys.executable, "-m", "lingcode", "lsp", *serve_args)
@@ -129,7 +130,7 @@ async def replay(args, path: Path) -> dict:
     return {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "file": str(path.relative_to(_root(path))) if path.is_relative_to(_root(path)) else str(path),
-        "start_line": start_line, "chars": len(typed), "settings": options,
+        "start_line": start_line, "chars": len(typed), "settings": options, "daemon_args": serve_args,
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after]},
         "daemon": None if daemon is None else {"url": daemon.url, "model": daemon.model},
@@ -236,7 +237,8 @@ def render(result: dict) -> str:
     lines = [
         f"# lingcode bench lsp ({result['when']})",
         "",
-        f"Model {daemon.get('model', '?')}; settings {result['settings'] or 'defaults'}. Machine: {m['cpu']}, "
+        f"Model {daemon.get('model', '?')}; settings {result['settings'] or 'defaults'}; daemon options "
+        f"{' '.join(result.get('daemon_args') or []) or 'defaults'}. Machine: {m['cpu']}, "
         f"{m['cores']} cores, Python {m['python']}; load average {m['load_before'][0]} before, "
         f"{m['load_after'][0]} after.",
         "",
