@@ -167,3 +167,20 @@ async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engin
         value = json.loads(info.tokenizer.decode([t for t in out if t not in info.eos_token_ids]))
         assert set(value) == {"language", "lines"} and value["language"] in SCHEMA["properties"]["language"]["enum"]
         assert isinstance(value["lines"], int) and value["lines"] >= 1
+
+
+async def test_prefill_of_new_lengths_does_not_grow_host_memory(gpu_engine):
+    """cuDNN's attention keeps a graph per input shape for good (~1.9 MB of host memory each on the
+    H200); eager forwards, whose shapes follow every prompt length, must not use it."""
+    import psutil
+
+    text = " ".join(f"line {i}: value = compute({i}, {i * 7 % 13})" for i in range(400))
+    base = gpu_engine.info.tokenizer.encode(text)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    rss = lambda: psutil.Process().memory_info().rss / 2**20  # noqa: E731
+    for n in range(300, 340):  # warm-up: allocators and the kernels of these shapes
+        await generate(gpu_engine, base[:n], params)
+    before = rss()
+    for n in range(1000, 1060):  # 60 prompt lengths not seen before
+        await generate(gpu_engine, base[:n], params)
+    assert rss() - before < 32, f"host memory grew {rss() - before:.0f} MB over 60 new prompt lengths"
