@@ -34,7 +34,7 @@ from lingcode.server.errors import APIError
 from lingcode.server.openai_routes import as_api_error
 from lingcode.server.openapi import request_body
 from lingcode.server.responses import DONE, sse, timings_dict, usage_dict
-from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
+from lingcode.server.streaming import ClientGone, EventStream, aclose, close_soon, until_disconnected
 from lingcode.server.validation import StrictModel, TokenCount, TopP, parse
 
 MAX_CONTEXT_CHUNKS = 32
@@ -151,9 +151,15 @@ class _Result:
             async for chunk in text:
                 self.text += chunk.text
                 if chunk.finish_reason is not None:
+                    # The answer is whole: send it now. When a cut rule ended it, the engine is one
+                    # step further on; closing aborts that step, and the editor need not wait for it
+                    # (the scheduler holds the engine until it is done).
+                    close_soon(text)
                     return chunk
-        finally:
+        except BaseException:
             await aclose(text)
+            raise
+        await aclose(text)
         raise RuntimeError("the text stream ended without a finish reason")
 
     def final(self, last: TextChunk, **extra) -> dict:

@@ -61,6 +61,17 @@ async def aclose(iterator: AsyncIterator) -> None:
         await iterator.aclose()
 
 
+_closing: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones to tasks
+
+
+def close_soon(iterator: AsyncIterator) -> None:
+    """Close an async iterator in a task of its own, so the caller need not wait: closing a
+    generation aborts it in the engine, which first finishes the step in flight."""
+    task = asyncio.get_running_loop().create_task(aclose(iterator))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
 class EventStream(StreamingResponse):
     """A server-sent event stream whose generator is always closed, however the stream ends."""
 
