@@ -16,8 +16,8 @@ from lingcode.engine.local import triton_step
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.weights import ModelConfig
 
-CANDIDATES = {1: (4, 8, 16), 8: (16, 32, 64)}  # BLOCK_N to try for decode (W = 1) and verify (W = 8)
-LM_HEAD_CANDIDATES = {1: (8, 16, 32), 8: (32, 64, 128)}
+CANDIDATES = (4, 8, 16)  # BLOCK_N to try (one table for every width: a verify step's rows must sum as decoding's)
+LM_HEAD_CANDIDATES = (8, 16, 32)
 
 
 def per_launch_us(fn, launches: int = 30) -> float:
@@ -57,11 +57,9 @@ with torch.inference_mode():
         pos = torch.arange(1990, 1990 + width, device="cuda")
         for matrix in triton_step.BLOCKS:
             results = []
-            decode, verify = triton_step.BLOCKS[matrix]
-            candidates = (LM_HEAD_CANDIDATES if matrix == "lm_head" else CANDIDATES)[width]
+            candidates = LM_HEAD_CANDIDATES if matrix == "lm_head" else CANDIDATES
             for block_n, warps in itertools.product(candidates, (2, 4, 8)):
-                tried = ((block_n, warps), verify) if width == 1 else (decode, (block_n, warps))
-                step = triton_step.TritonStep(model, {**triton_step.BLOCKS, matrix: tried})
+                step = triton_step.TritonStep(model, {**triton_step.BLOCKS, matrix: (block_n, warps)})
                 q = triton_step.TritonStep(model).norm_qkv_rope(layer, x, pos)  # inputs, from the default blocks
                 attn, h = step.attention(layer, q, pos, 2048), triton_step.TritonStep(model).norm_gate_up(layer, x)
                 run = dict(

@@ -138,12 +138,16 @@ def test_triton_step_matches_the_torch_step(gpu_engine, triton_engine):
         triton_engine.reset_cache()
 
 
-def test_the_triton_step_refuses_speculation(triton_engine):
-    """Its verify kernels round unlike its decode kernels: on the H200, drafting changed a greedy
-    token ("What is the capital of France?", token 19), so the engine runs it without drafting."""
-    assert triton_engine.speculation == "off"
-    with pytest.raises(ValueError, match="Triton"):
-        triton_engine.set_speculation("ngram")
+async def test_speculation_is_lossless_with_the_triton_step(triton_engine):
+    """The Triton step decodes (pipelined loop, width 1) and verifies drafts (widths 2-8) after a
+    torch prefill: drafting changes no greedy token, because a verify step computes each row with
+    the very programs a one-token step runs (triton_step.py). Before that design, with tensor-core
+    dots in verify steps, "What is the capital of France?" parted at token 19 on the H200."""
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    for prompt in PROMPTS:
+        ids = chat_ids(triton_engine, prompt)
+        plain = await generate(triton_engine, ids, params, "off")
+        assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
 
 
 async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engine):

@@ -51,8 +51,7 @@ class LocalEngine:
         cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "torch",
     ):  # fmt: skip
         cfg = checkpoint.config
-        self.kernels = kernels
-        self.speculation, self.draft_layers = self._parse_speculation(speculation, cfg.n_layers)
+        self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
         self.draft_length = DraftLength()
         self.device, self.dtype = device, dtype
         self.model = Transformer.from_weights(cfg, checkpoint.weights, dtype, device)
@@ -92,19 +91,9 @@ class LocalEngine:
 
     def set_speculation(self, speculation: str) -> None:
         """Switch drafting for the requests that start from now on ("off", "ngram", "early-exit:L")."""
-        self.speculation, self.draft_layers = self._parse_speculation(speculation, self.model.cfg.n_layers)
+        self.speculation, self.draft_layers = parse_speculation(speculation, self.model.cfg.n_layers)
         self.draft_length = DraftLength()
         self.info.extra["speculation"] = speculation
-
-    def _parse_speculation(self, speculation: str, n_layers: int) -> tuple[str, int]:
-        # The Triton step's verify kernels (several rows: tensor-core dots) round differently from
-        # its decode kernels (one row: multiply and sum), so a verified draft could differ from the
-        # token plain decoding picks; measured on the H200 (tests/test_gpu.py). Until they share
-        # one reduction, drafting stays off there rather than change the output.
-        if self.kernels == "triton" and speculation != "off":
-            raise ValueError(f"speculation {speculation!r} with --kernels triton: the Triton step decodes "
-                             "one token per step (its verify steps do not round like its decode steps); use off")  # fmt: skip
-        return parse_speculation(speculation, n_layers)
 
     def reset_cache(self) -> None:
         """Forget the cached prefix (benchmarks: every variant starts from a cold cache)."""
@@ -250,8 +239,10 @@ class LocalEngine:
             if drafter is not None:
                 drafter.extend(new)
                 draft, draft_probs = drafter.propose(self.draft_length.k)
-                if self.graphs is not None:  # stay within the captured verify widths
-                    draft = draft[: self.graphs.widths[-1] - 1]
+                if self.graphs is not None:  # within the captured verify widths and one cache bucket
+                    # (the Triton step splits a row's attention by the bucket: a verify step that
+                    # crossed into the next one would not sum a row as plain decoding does)
+                    draft = draft[: min(self.graphs.widths[-1], self.graphs.bucket_for(pos + 1) - pos) - 1]
                 elif self.model.row_exact_rows:  # stay row-exact: few rows, within one KV bucket
                     draft = draft[: min(self.model.row_exact_rows, row_exact_kv_len(pos + 1, self.model.max_len) - pos) - 1]
             draft = draft[: max_new - len(generated)]
@@ -404,17 +395,15 @@ def parse_speculation(spec: str, n_layers: int) -> tuple[str, int]:
 
 
 def load_engine(
-    model_path, device: str = "auto", speculation: str | None = None, cuda_graphs: bool = True,
+    model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True,
     compile: bool = False, kernels: str = "torch",
 ) -> LocalEngine:
     """Load a GGUF file or Hugging Face directory: bf16 with CUDA graphs on a GPU; on the CPU f32
     activations with bf16 matmuls, and a quantized GGUF's own 4-bit weights for decoding.
 
-    kernels: what the captured GPU step runs, "torch" (model.py) or "triton" (triton_step.py).
-    speculation: default n-gram drafting, off with the Triton step (see LocalEngine)."""
+    kernels: what the captured GPU step runs, "torch" (model.py) or "triton" (triton_step.py)."""
     from lingcode.engine.local.weights import load_checkpoint
 
-    speculation = speculation or ("off" if kernels == "triton" else "ngram")
     dev = pick_device(device)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile, kernels=kernels)

@@ -12,11 +12,17 @@ whole stage of the layer, and each program loads everything it needs at once:
   norm_gate_up       rmsnorm(x) @ [Wgate; Wup]^T, then silu(gate) * up
   down_residual      x += h @ Wdown^T
 
-plus the token embedding (torch) and norm_lm_head (final norm + logits). Every matmul has M = W
-rows: each program owns BLOCK_N rows of the weight and loads them whole, K included, in one go.
-One row (plain decoding) is a broadcast multiply and row sums; several rows (verify steps) are
-padded to 16 for tl.dot (tensor cores: the padding costs arithmetic, not memory). The rms norm of
-the input rows is recomputed by every program from the rows it loads anyway.
+plus the token embedding (torch) and norm_lm_head (final norm + logits). Each program owns
+BLOCK_N rows of a weight and loads them whole, K included, in one go, and computes one input row:
+a broadcast multiply and row sums (the rms norm of that row is recomputed by every program).
+
+Row by row, so that speculation stays lossless: a verify step over W tokens runs a grid W times as
+tall, and every program is exactly the one plain decoding runs for that token, with the same
+blocks and the same order of sums, so each row's numbers are bit for bit what a one-token step
+gives (with tensor-core dots over 16 padded rows, verify steps rounded differently and a verified
+draft changed a greedy token on the H200). Attention likewise runs one program per query token and
+split; its splits depend on the cache bucket, so the engine keeps a verify step within one bucket.
+The weights a verify step's programs share come from L2 after the first.
 
 Numerics follow the bf16 torch path (model.py): fp32 accumulation, and a rounding to the
 activation dtype wherever torch materializes a tensor (matmul outputs, each RoPE product and sum,
@@ -42,17 +48,16 @@ from lingcode.engine.local.model import Transformer
 # integer bits: there, and for fp32 (which tl.dot would round to tf32), dots run in full fp32.
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
-MAX_ROWS = 16  # the most tokens a step takes: tl.dot's minimum M, which W > 1 is padded to
-# GEMV blocks per weight matrix, (BLOCK_N, num_warps) for plain decoding (W = 1) and for verify steps
-# (W > 1). BLOCK_N counts output rows, row pairs for qkv and gate/up. Decoding wants many small
-# programs, each waiting on little memory (the H200 has 132 SMs); tl.dot needs BLOCK_N >= 16, and
-# these sizes keep its 16-row tiles from spilling. The fastest of a sweep on an H200 (bench/triton_blocks.py).
+MAX_ROWS = 16  # the most tokens a step takes (the attention's split counters are per token)
+# GEMV blocks per weight matrix, (BLOCK_N, num_warps), for every step width. BLOCK_N counts output
+# rows, row pairs for qkv and gate/up. Decoding wants many small programs, each waiting on little
+# memory (the H200 has 132 SMs). The fastest of a sweep on an H200 (bench/triton_blocks.py).
 BLOCKS = {
-    "qkv": ((4, 2), (32, 4)),  # 480 RoPE row pairs (960 rows) of 576
-    "wo": ((4, 4), (16, 4)),  # 576 rows of 576
-    "gate_up": ((4, 2), (64, 8)),  # 1536 gate/up row pairs (3072 rows) of 576
-    "down": ((4, 8), (16, 8)),  # 576 rows of 1536
-    "lm_head": ((8, 4), (128, 8)),  # 49152 rows of 576
+    "qkv": (4, 2),  # 480 RoPE row pairs (960 rows) of 576
+    "wo": (4, 4),  # 576 rows of 576
+    "gate_up": (4, 2),  # 1536 gate/up row pairs (3072 rows) of 576
+    "down": (4, 8),  # 576 rows of 1536
+    "lm_head": (8, 4),  # 49152 rows of 576
 }
 ATTN_BLOCK_KV = 128  # cache entries per attention tile
 ATTN_MAX_SPLITS = 16  # cache splits per KV head (48 programs at most), so few partial results to combine
@@ -67,11 +72,15 @@ def _dot(a, b):
 
 @triton.jit
 def _matmul(a, w):
-    """a [BLOCK_M, K] @ w [BLOCK_N, K]^T, in fp32. Several rows go through tl.dot (tensor cores);
-    one row (plain decode) is a broadcast multiply and row sums, with no padding to 16 rows."""
-    if a.shape[0] == 1:
-        return tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
-    return _dot(a, tl.trans(w))
+    """a [1, K] @ w [BLOCK_N, K]^T, in fp32: a broadcast multiply and row sums."""
+    return tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+
+
+@triton.jit
+def _this_row(W):
+    """The input row this program computes (the grid's second axis), as a [1] vector, and its mask."""
+    m = tl.program_id(1) + tl.arange(0, 1)
+    return m, m < W
 
 
 @triton.jit
@@ -98,7 +107,7 @@ def _load_rows(ptr, rows, rows_ok, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _rms_norm(x, norm_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """F.rms_norm of the rows of x [BLOCK_M, BLOCK_K] (zero past K), rounded to x's dtype like torch's."""
+    """F.rms_norm of the row of x [1, BLOCK_K] (zero past K), rounded to x's dtype like torch's."""
     k = tl.arange(0, BLOCK_K)
     weight = tl.load(norm_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     xf = x.to(tl.float32)
@@ -120,9 +129,9 @@ def norm_qkv_rope_kernel(
     x_ptr, norm_ptr, wqkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     W, max_len, eps,
     D: tl.constexpr, N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """q, k, v of the W rows of x. A program owns BLOCK_N row pairs (j, j + HEAD_DIM/2) of some
+    """q, k, v of row m of x. A program owns BLOCK_N row pairs (j, j + HEAD_DIM/2) of some
     heads of Wqkv: the two halves that rotate-half RoPE mixes, so RoPE fits in the epilogue."""
     HALF: tl.constexpr = HEAD_DIM // 2
     N_PAIRS: tl.constexpr = (N_HEADS + 2 * N_KV_HEADS) * HALF
@@ -132,12 +141,11 @@ def norm_qkv_rope_kernel(
     row_lo = head * HEAD_DIM + j
     w_lo = _load_rows(wqkv_ptr, row_lo, pair_ok, D, BLOCK_K)  # the weights first: the longest wait
     w_hi = _load_rows(wqkv_ptr, row_lo + HALF, pair_ok, D, BLOCK_K)
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < W
+    m, m_ok = _this_row(W)
     pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
     a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
     dtype = a.dtype
-    lo = _round(_matmul(a, w_lo), dtype)  # [BLOCK_M, BLOCK_N], the qkv matmul's output rounding
+    lo = _round(_matmul(a, w_lo), dtype)  # [1, BLOCK_N], the qkv matmul's output rounding
     hi = _round(_matmul(a, w_hi), dtype)
 
     # RoPE, as model.py computes it: x * cos + rotate_half(x) * sin, each product and the sum rounded.
@@ -170,23 +178,23 @@ def attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, done_ptr,
     W, max_len, kv_len, split_len, splits, scale,
     N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, MAX_SPLITS: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, MAX_SPLITS: tl.constexpr, MAX_TOKENS: tl.constexpr,
 ):  # fmt: skip
-    """One KV head's query rows (W queries x the q heads sharing it) against one split of the cache,
+    """Query token w's rows (the q heads sharing one KV head) against one split of the cache,
     entries [split * split_len, +split_len): an unnormalized output, row max and row sum per split.
-    The last split of the head to finish combines them into out [W, N_HEADS * HEAD_DIM] (flash-
-    decoding's reduction without a kernel launch of its own) and resets done_ptr for the next step."""
+    The last split of the (head, token) to finish combines them into out [W, N_HEADS * HEAD_DIM]
+    (flash-decoding's reduction without a kernel launch of its own) and resets its counter in
+    done_ptr for the next step. A token's program is the same whatever W is (see the module doc)."""
     GROUP: tl.constexpr = N_HEADS // N_KV_HEADS
-    kv_head, split = tl.program_id(0), tl.program_id(1)
+    kv_head, split, w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.arange(0, BLOCK_Q)
-    w = r // GROUP
-    r_ok = w < W
-    head = kv_head * GROUP + r % GROUP
+    r_ok = r < GROUP
+    head = kv_head * GROUP + r
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (w * N_HEADS + head)[:, None] * HEAD_DIM + d[None, :], mask=r_ok[:, None], other=0.0)
-    pos = tl.load(pos_ptr + w, mask=r_ok, other=-1)
+    pos = tl.load(pos_ptr + w + 0 * r)  # the token's position, in every row
 
-    # Entries past the last query's position are masked for every row: skip their tiles.
+    # Entries past the token's position are masked: skip their tiles.
     start = split * split_len
     end = tl.minimum(tl.minimum(start + split_len, kv_len), tl.max(pos, axis=0) + 1)
     row_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
@@ -215,8 +223,9 @@ def attention_kernel(
     # counter's acquire and the barrier after it order that SM's reads (the threadFenceReduction pattern).
     _fence()
     tl.debug_barrier()
-    if tl.atomic_add(done_ptr + kv_head, 1, sem="acq_rel") == splits - 1:
-        tl.atomic_xchg(done_ptr + kv_head, 0)
+    done = done_ptr + kv_head * MAX_TOKENS + w
+    if tl.atomic_add(done, 1, sem="acq_rel") == splits - 1:
+        tl.atomic_xchg(done, 0)
         top = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_Q], tl.float32)
         acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
@@ -234,21 +243,20 @@ def attention_kernel(
             total = total * old_scale + split_sum * split_scale
             acc = acc * old_scale[:, None] + split_out * split_scale[:, None]
             top = new_top
-        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]  # rows past W have nothing
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]  # padding rows have nothing
         tl.store(out_ptr + (w * N_HEADS + head)[:, None] * HEAD_DIM + d[None, :], out.to(q.dtype), mask=r_ok[:, None])
 
 
 @triton.jit
 def out_proj_residual_kernel(
     attn_ptr, wo_ptr, x_ptr, W,
-    D: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """x[:, block] += attn @ Wo[block]^T."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < D
     w = _load_rows(wo_ptr, n, n_ok, K, BLOCK_K)
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < W
+    m, m_ok = _this_row(W)
     attn = _load_rows(attn_ptr, m, m_ok, K, BLOCK_K)
     _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(attn, w), D)
 
@@ -256,15 +264,14 @@ def out_proj_residual_kernel(
 @triton.jit
 def norm_gate_up_kernel(
     x_ptr, norm_ptr, w_ptr, h_ptr, W, eps,
-    D: tl.constexpr, FFN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """h = silu(gate) * up of rmsnorm(x): a program owns gate rows n and their up rows FFN + n."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < FFN
     w_gate = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
     w_up = _load_rows(w_ptr, FFN + n, n_ok, D, BLOCK_K)
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < W
+    m, m_ok = _this_row(W)
     a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
     dtype = a.dtype
     gate = _round(_matmul(a, w_gate), dtype)
@@ -276,14 +283,13 @@ def norm_gate_up_kernel(
 @triton.jit
 def down_residual_kernel(
     h_ptr, w_ptr, x_ptr, W,
-    D: tl.constexpr, FFN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """x[:, block] += h @ Wdown[block]^T."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < D
     w = _load_rows(w_ptr, n, n_ok, FFN, BLOCK_K)
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < W
+    m, m_ok = _this_row(W)
     h = _load_rows(h_ptr, m, m_ok, FFN, BLOCK_K)
     _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(h, w), D)
 
@@ -291,14 +297,13 @@ def down_residual_kernel(
 @triton.jit
 def norm_lm_head_kernel(
     x_ptr, norm_ptr, w_ptr, out_ptr, W, N, eps,
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """logits = rmsnorm(x) @ Wout^T for the rows n of the (vocabulary-sized) output matrix."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < W
+    m, m_ok = _this_row(W)
     a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
     logits = _matmul(a, w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + m[:, None] * N + n[None, :], logits, mask=m_ok[:, None] & n_ok[None, :])
@@ -329,7 +334,7 @@ class TritonStep:
             raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
         self.model, self.cfg = model, cfg
         self.blocks = blocks or BLOCKS
-        self.splits_done = torch.zeros(cfg.n_kv_heads, dtype=torch.int32, device=model.norm.weight.device)
+        self.splits_done = torch.zeros(cfg.n_kv_heads * MAX_ROWS, dtype=torch.int32, device=model.norm.weight.device)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
         """tokens [1, W] at positions [W] (device tensors), attending over the first kv_len cache
@@ -351,10 +356,10 @@ class TritonStep:
         q = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("qkv", x)
         pairs = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim // 2
-        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n),)](
+        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n), x.shape[0])](
             x, layer.attn_norm.weight, layer.attn.wqkv.weight, self.model.rope_cos, self.model.rope_sin,
             positions, q, cache.k, cache.v, x.shape[0], cache.k.shape[2], layer.attn_norm.eps,
-            cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, _rows(x), block_n, _whole(cfg.dim),
+            cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
             num_warps=warps,
         )  # fmt: skip
         return q
@@ -369,11 +374,11 @@ class TritonStep:
         part_max = torch.empty(splits, width, cfg.n_heads, **f32)
         part_sum = torch.empty(splits, width, cfg.n_heads, **f32)
         out = torch.empty_like(q)
-        block_q = max(16, triton.next_power_of_2(width * (cfg.n_heads // cfg.n_kv_heads)))  # tl.dot: >= 16 rows
-        attention_kernel[(cfg.n_kv_heads, splits)](
+        block_q = max(16, triton.next_power_of_2(cfg.n_heads // cfg.n_kv_heads))  # tl.dot: >= 16 rows
+        attention_kernel[(cfg.n_kv_heads, splits, width)](
             q, cache.k, cache.v, positions, part_out, part_max, part_sum, out, self.splits_done,
             width, cache.k.shape[2], kv_len, split_len, splits, 1.0 / math.sqrt(cfg.head_dim),
-            cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_q, ATTN_BLOCK_KV, ATTN_MAX_SPLITS, num_warps=4,
+            cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_q, ATTN_BLOCK_KV, ATTN_MAX_SPLITS, MAX_ROWS, num_warps=4,
         )  # fmt: skip
         return out
 
@@ -381,8 +386,8 @@ class TritonStep:
         cfg = self.cfg
         block_n, warps = self._block("wo", x)
         k = cfg.n_heads * cfg.head_dim
-        out_proj_residual_kernel[(triton.cdiv(cfg.dim, block_n),)](
-            attn, layer.attn.wo.weight, x, x.shape[0], cfg.dim, k, _rows(x), block_n, _whole(k), num_warps=warps,
+        out_proj_residual_kernel[(triton.cdiv(cfg.dim, block_n), x.shape[0])](
+            attn, layer.attn.wo.weight, x, x.shape[0], cfg.dim, k, block_n, _whole(k), num_warps=warps,
         )  # fmt: skip
 
     def norm_gate_up(self, layer, x: torch.Tensor) -> torch.Tensor:
@@ -390,17 +395,17 @@ class TritonStep:
         cfg = self.cfg
         h = torch.empty(x.shape[0], cfg.ffn_dim, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("gate_up", x)
-        norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n),)](
+        norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), x.shape[0])](
             x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], layer.ffn_norm.eps,
-            cfg.dim, cfg.ffn_dim, _rows(x), block_n, _whole(cfg.dim), num_warps=warps,
+            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), num_warps=warps,
         )  # fmt: skip
         return h
 
     def down_residual(self, layer, h: torch.Tensor, x: torch.Tensor) -> None:
         cfg = self.cfg
         block_n, warps = self._block("down", x)
-        down_residual_kernel[(triton.cdiv(cfg.dim, block_n),)](
-            h, layer.ffn.w_down.weight, x, x.shape[0], cfg.dim, cfg.ffn_dim, _rows(x), block_n, _whole(cfg.ffn_dim),
+        down_residual_kernel[(triton.cdiv(cfg.dim, block_n), x.shape[0])](
+            h, layer.ffn.w_down.weight, x, x.shape[0], cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.ffn_dim),
             num_warps=warps,
         )  # fmt: skip
 
@@ -410,20 +415,15 @@ class TritonStep:
         vocab = model.output.weight.shape[0]
         logits = torch.empty(1, x.shape[0], vocab, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("lm_head", x)
-        norm_lm_head_kernel[(triton.cdiv(vocab, block_n),)](
+        norm_lm_head_kernel[(triton.cdiv(vocab, block_n), x.shape[0])](
             x, model.norm.weight, model.output.weight, logits, x.shape[0], vocab, model.norm.eps,
-            self.cfg.dim, _rows(x), block_n, _whole(self.cfg.dim), num_warps=warps,
+            self.cfg.dim, block_n, _whole(self.cfg.dim), num_warps=warps,
         )  # fmt: skip
         return logits
 
     def _block(self, matrix: str, x: torch.Tensor) -> tuple[int, int]:
-        """(BLOCK_N, num_warps) for the matrix at x's width: decoding or verifying."""
-        return self.blocks[matrix][x.shape[0] > 1]
-
-
-def _rows(x: torch.Tensor) -> int:
-    """BLOCK_M for x's rows: one for plain decoding, else the W rows padded to tl.dot's 16."""
-    return 1 if x.shape[0] == 1 else MAX_ROWS
+        """(BLOCK_N, num_warps) for the matrix: the same at every width, for the same sums."""
+        return self.blocks[matrix]
 
 
 def _whole(k: int) -> int:
