@@ -27,8 +27,8 @@ python3 -m lingcode bench --device cuda --workload random,chat,code-edit --specu
   --peers transformers-eager,transformers-static --requests 3 --max-tokens 256 \
   --out "$out/h200-$stamp" 2>&1 | grep -v '━' | tee "$out/bench.txt"
 
-echo "== bench, Triton step (plain decode: it runs without drafting)"
-python3 -m lingcode bench --device cuda --kernels triton --workload random,chat,code-edit --speculation off \
+echo "== bench, Triton step"
+python3 -m lingcode bench --device cuda --kernels triton --workload random,chat,code-edit --speculation off,ngram \
   --peers transformers-static --requests 3 --max-tokens 256 \
   --out "$out/h200-$stamp-triton-bench" 2>&1 | grep -v '━' | tee "$out/bench-triton.txt"
 
