@@ -45,12 +45,16 @@ def test_checkpoint_keeps_every_layer_matrix_and_the_head_quantized_in_our_row_o
 def test_narrow_inputs_use_the_4bit_weights_and_wide_ones_the_dense(checkpoint):
     dense = checkpoint.weights["layers.0.w_gate"]
     linear = CpuLinear(dense, checkpoint.q4["layers.0.w_gate"])
-    x = torch.randn(MAX_QUANTIZED_ROWS + 1, dense.shape[1])
-    reference = x @ dense.T
+    x = torch.randn(MAX_QUANTIZED_ROWS + 1, dense.shape[1], generator=torch.Generator().manual_seed(0))
     narrow, wide = linear(x[:MAX_QUANTIZED_ROWS]), linear(x)
     assert narrow.dtype == torch.float32
-    assert torch.allclose(narrow, reference[:MAX_QUANTIZED_ROWS], atol=0.05, rtol=0.02)
-    assert torch.allclose(wide, reference, atol=0.05, rtol=0.02)
+    # wide inputs: exactly torch's bf16 matmul of the dense weights
+    assert torch.equal(wide, torch.nn.functional.linear(x.bfloat16(), dense.bfloat16()).float())
+    # narrow ones: the 4-bit codes with bf16 scales, near the f32 product. The bound is the rounding
+    # of x to bf16 (~2^-9 of each product, over 576 of them) and of the scales, plus the output's
+    # bf16 ulp: over 100 random inputs the worst |diff| was 0.093 (a wrong row or code order is off
+    # by whole units: |y| reaches 18)
+    assert torch.allclose(narrow, (x @ dense.T)[:MAX_QUANTIZED_ROWS], atol=0.15, rtol=2**-7)
     # a row's result does not depend on how many rows come with it
     assert torch.equal(linear(x[:1]), narrow[:1])
 
