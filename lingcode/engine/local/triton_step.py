@@ -10,7 +10,7 @@ whole stage of the layer, and each program loads everything it needs at once:
                      over the cache (flash-decoding); the last split to finish combines the splits
   out_proj_residual  x += attn @ Wo^T
   norm_gate_up       rmsnorm(x) @ [Wgate; Wup]^T, then silu(gate) * up
-  down_residual      x += h @ Wdown^T
+  down_residual      x += h @ Wdown^T   (the same kernel as out_proj_residual: matmul_residual)
 
 plus the token embedding (torch) and norm_lm_head (final norm + logits). Each program owns
 BLOCK_N rows of a weight and loads them whole, K included, in one go, and computes one input row:
@@ -248,17 +248,18 @@ def attention_kernel(
 
 
 @triton.jit
-def out_proj_residual_kernel(
-    attn_ptr, wo_ptr, x_ptr, W,
+def matmul_residual_kernel(
+    in_ptr, w_ptr, x_ptr, W,
     D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """x[:, block] += attn @ Wo[block]^T."""
+    """x[:, block] += input @ Weight[block]^T: the attention's out projection (input: attn, K the
+    heads' width) and the feed-forward's down projection (input: h, K the FFN width)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < D
-    w = _load_rows(wo_ptr, n, n_ok, K, BLOCK_K)
+    w = _load_rows(w_ptr, n, n_ok, K, BLOCK_K)
     m, m_ok = _this_row(W)
-    attn = _load_rows(attn_ptr, m, m_ok, K, BLOCK_K)
-    _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(attn, w), D)
+    a = _load_rows(in_ptr, m, m_ok, K, BLOCK_K)
+    _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(a, w), D)
 
 
 @triton.jit
@@ -278,20 +279,6 @@ def norm_gate_up_kernel(
     up = _round(_matmul(a, w_up), dtype)
     h = _round(gate / (1.0 + tl.exp(-gate)), dtype) * up
     tl.store(h_ptr + m[:, None] * FFN + n[None, :], h.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def down_residual_kernel(
-    h_ptr, w_ptr, x_ptr, W,
-    D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """x[:, block] += h @ Wdown[block]^T."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < D
-    w = _load_rows(w_ptr, n, n_ok, FFN, BLOCK_K)
-    m, m_ok = _this_row(W)
-    h = _load_rows(h_ptr, m, m_ok, FFN, BLOCK_K)
-    _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(h, w), D)
 
 
 @triton.jit
@@ -383,12 +370,7 @@ class TritonStep:
         return out
 
     def out_proj_residual(self, layer, attn: torch.Tensor, x: torch.Tensor) -> None:
-        cfg = self.cfg
-        block_n, warps = self._block("wo", x)
-        k = cfg.n_heads * cfg.head_dim
-        out_proj_residual_kernel[(triton.cdiv(cfg.dim, block_n), x.shape[0])](
-            attn, layer.attn.wo.weight, x, x.shape[0], cfg.dim, k, block_n, _whole(k), num_warps=warps,
-        )  # fmt: skip
+        self._matmul_residual("wo", attn, layer.attn.wo.weight, x)
 
     def norm_gate_up(self, layer, x: torch.Tensor) -> torch.Tensor:
         """h = silu(gate) * up [W, ffn_dim]."""
@@ -402,11 +384,14 @@ class TritonStep:
         return h
 
     def down_residual(self, layer, h: torch.Tensor, x: torch.Tensor) -> None:
-        cfg = self.cfg
-        block_n, warps = self._block("down", x)
-        down_residual_kernel[(triton.cdiv(cfg.dim, block_n), x.shape[0])](
-            h, layer.ffn.w_down.weight, x, x.shape[0], cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.ffn_dim),
-            num_warps=warps,
+        self._matmul_residual("down", h, layer.ffn.w_down.weight, x)
+
+    def _matmul_residual(self, matrix: str, a: torch.Tensor, weight: torch.Tensor, x: torch.Tensor) -> None:
+        """x += a @ weight^T, with the blocks of `matrix` (BLOCKS)."""
+        block_n, warps = self._block(matrix, x)
+        k = a.shape[1]
+        matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), x.shape[0])](
+            a, weight, x, x.shape[0], self.cfg.dim, k, block_n, _whole(k), num_warps=warps,
         )  # fmt: skip
 
     def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
