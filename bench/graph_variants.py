@@ -8,6 +8,7 @@ import sys
 import time
 
 import torch
+from replay_timing import ms_per_replay
 
 from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.model import Transformer
@@ -25,19 +26,7 @@ for compile in (False, True):
     for width, end in ((1, 300), (1, 2000), (8, 300)):
         runner.tokens[0, :width].fill_(100)
         torch.arange(end - width, end, out=runner.positions[:width])
-        for _ in range(20):
-            runner.replay(width, end)
-        torch.cuda.synchronize()
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            t0.record()
-            for _ in range(200):
-                runner.replay(width, end)
-            t1.record()
-            torch.cuda.synchronize()
-            times.append(t0.elapsed_time(t1) / 200)
-        rows.append((compile, width, end, round(capture_s, 1), round(sorted(times)[2], 4)))
+        rows.append((compile, width, end, round(capture_s, 1), round(ms_per_replay(runner, width, end), 4)))
     del runner, model
     torch.cuda.empty_cache()
 print("| torch.compile | width | context | load+capture s | ms per replay (median of 5x200) |")

@@ -12,6 +12,7 @@ import os
 import time
 
 import torch
+from replay_timing import ms_per_replay
 
 from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.model import Transformer
@@ -66,20 +67,7 @@ with torch.inference_mode():
             cache = torch.stack([torch.stack([layer.attn.kv_cache.k[0, :, end - width : end],
                                               layer.attn.kv_cache.v[0, :, end - width : end]])
                                  for layer in model.layers]).float()  # fmt: skip
-            runs[kernels] = logits, cache
-            for _ in range(20):
-                runner.replay(width, end)
-            torch.cuda.synchronize()
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times = []
-            for _ in range(5):
-                t0.record()
-                for _ in range(200):
-                    runner.replay(width, end)
-                t1.record()
-                torch.cuda.synchronize()
-                times.append(t0.elapsed_time(t1) / 200)
-            runs[kernels] += (sorted(times)[2],)
+            runs[kernels] = logits, cache, ms_per_replay(runner, width, end)
         (ref_logits, ref_cache, _), (logits, cache, _) = runs["torch"], runs["triton"]
         for kernels, (_, _, ms) in runs.items():
             same = kernels == "torch"
