@@ -1,8 +1,8 @@
 """The CPU engine's resident memory does not grow with the number of prompt lengths it has seen.
 
 torch's bf16 matmuls on the CPU build and cache a oneDNN kernel per input shape; with the default
-cache sizes (1024) a daemon that prefills prompts of every length grew ~3.5 MB per new length,
-for good (the soak found it). lingcode.engine.local caps the caches. This runs both ways in fresh
+cache sizes (1024) a daemon that prefills prompts of every length grew for good (the soak found
+it). lingcode.engine.local caps the caches. This runs both ways in fresh
 processes, on the engine's own prefill matmul shapes (widths 1..512 against the model's weights).
 """
 

@@ -20,8 +20,8 @@ from lingcode.engine.local.weights import ModelConfig
 # Eager GPU forwards (prefill, the early-exit draft) leave out cuDNN's attention: it builds a graph
 # per input shape and keeps it for good (a thread-local cache with no limit), and eager shapes
 # change with every prompt length and position. On the H200 that grew the daemon's host memory
-# ~1.9 MB per new shape (bench/results/soak-h200-*). Captured steps (forward_static) keep cuDNN:
-# their shapes are fixed at load, so its cache stays as it was after capture.
+# ~1.9 MB per new shape (bench/cuda_shape_caches.py; bench/results/soak-h200-*). Captured steps
+# (forward_static) keep cuDNN: their shapes are fixed at load, so its cache stays as it was.
 EAGER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
