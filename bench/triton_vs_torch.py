@@ -1,4 +1,5 @@
-"""The captured step with torch kernels vs the Triton step (lingcode/engine/local/triton_step.py).
+"""The captured step with torch kernels vs the Triton step (lingcode/engine/local/triton_step.py),
+with and without programmatic dependent launch.
 
 For each kernel set: ms per CUDA graph replay of the decode step (width 1) and the verify step
 (width 8) at contexts 300 and 2000 (median of 5 runs of 200 replays), load + capture time, and how
@@ -50,9 +51,11 @@ model = Transformer.from_weights(cfg, weights, torch.bfloat16, torch.device("cud
 model.setup_cache(cfg.context_length)
 load_s = time.perf_counter() - started
 runners, capture_s = {}, {}
-for kernels in ("torch", "triton"):  # both capture the same model: one KV cache, the same inputs
+VARIANTS = {"torch": dict(kernels="torch"), "triton": dict(kernels="triton"),
+            "triton, serial launches": dict(kernels="triton", pdl=False)}  # without PDL (triton_step.py)
+for kernels, options in VARIANTS.items():  # all capture the same model: one KV cache, the same inputs
     started = time.perf_counter()
-    runners[kernels] = GraphRunner(model, kernels=kernels)
+    runners[kernels] = GraphRunner(model, **options)
     capture_s[kernels] = load_s + time.perf_counter() - started
 
 rows = []
@@ -68,8 +71,8 @@ with torch.inference_mode():
                                               layer.attn.kv_cache.v[0, :, end - width : end]])
                                  for layer in model.layers]).float()  # fmt: skip
             runs[kernels] = logits, cache, ms_per_replay(runner, width, end)
-        (ref_logits, ref_cache, _), (logits, cache, _) = runs["torch"], runs["triton"]
-        for kernels, (_, _, ms) in runs.items():
+        ref_logits, ref_cache, _ = runs["torch"]
+        for kernels, (logits, cache, ms) in runs.items():
             same = kernels == "torch"
             rows.append((kernels, width, end, round(capture_s[kernels], 1), round(ms, 4),
                          "-" if same else f"{(logits - ref_logits).abs().max().item():.3g}",

@@ -188,3 +188,34 @@ async def test_prefill_of_new_lengths_does_not_grow_host_memory(gpu_engine):
     for n in range(1000, 1060):  # 60 prompt lengths not seen before
         await generate(gpu_engine, base[:n], params)
     assert rss() - before < 32, f"host memory grew {rss() - before:.0f} MB over 60 new prompt lengths"
+
+
+def test_overlapped_launches_change_no_bit(triton_engine):
+    """Programmatic dependent launch (each Triton kernel starting while the one before finishes)
+    computes exactly what serial launches do: the same logits and KV cache entries, bit for bit,
+    at decode and verify widths, short and long contexts. Skipped where the GPU has no PDL."""
+    from lingcode.engine.local.cuda_graphs import GraphRunner
+    from lingcode.engine.local.triton_step import pdl_supported
+
+    model = triton_engine.model
+    if not pdl_supported(model.norm.weight.device):
+        pytest.skip("no programmatic dependent launch on this GPU or Triton")
+    assert triton_engine.graphs.step.pdl  # the engine's default where it is supported
+    ids = (chat_ids(triton_engine, PROMPTS[0]) * 100)[:2000]
+    serial = GraphRunner(model, widths=(1, 4), kernels="triton", pdl=False)  # the same cache buckets: the same splits
+    runners = {"pdl": triton_engine.graphs, "serial": serial}
+    try:
+        with torch.inference_mode():
+            model(torch.tensor([ids], device="cuda"), 0)
+            for width, end in ((1, 300), (4, 300), (1, 2000), (4, 2000)):
+                results = {}
+                for name, runner in runners.items():
+                    runner.tokens[0, :width].copy_(torch.tensor(ids[end - width : end]))
+                    torch.arange(end - width, end, out=runner.positions[:width])
+                    logits = runner.replay(width, end)[:width].clone()
+                    cache = torch.stack([layer.attn.kv_cache.k[0, :, end - width : end] for layer in model.layers])
+                    results[name] = logits, cache.clone()
+                assert torch.equal(results["pdl"][0], results["serial"][0]), (width, end)
+                assert torch.equal(results["pdl"][1], results["serial"][1]), (width, end)
+    finally:
+        triton_engine.reset_cache()

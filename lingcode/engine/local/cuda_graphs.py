@@ -24,8 +24,9 @@ class GraphRunner:
     """Static input buffers, captured graphs, and their static logits outputs."""
 
     def __init__(
-        self, model: Transformer, widths=WIDTHS, buckets=BUCKETS, compile: bool = False, kernels: str = "torch"
-    ):
+        self, model: Transformer, widths=WIDTHS, buckets=BUCKETS, compile: bool = False, kernels: str = "torch",
+        pdl: bool | None = None,
+    ):  # pdl: the Triton step's programmatic dependent launch (None: where the GPU has it)
         if kernels not in ("torch", "triton"):
             raise ValueError(f"kernels {kernels!r}: use torch or triton")
         if compile and kernels == "triton":
@@ -43,7 +44,7 @@ class GraphRunner:
         if kernels == "triton":  # about five hand-written kernels per layer instead of ~20 (triton_step.py)
             from lingcode.engine.local.triton_step import TritonStep
 
-            step = TritonStep(model)
+            step = TritonStep(model, pdl=pdl)
         if compile:  # fuses the small elementwise kernels (norms, RoPE, SiLU) between the matmuls
             # dynamic: one compiled kernel set serves every width and cache bucket (no recompiles)
             step = torch.compile(step, fullgraph=True, dynamic=True)

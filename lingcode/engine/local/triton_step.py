@@ -29,6 +29,14 @@ activation dtype wherever torch materializes a tensor (matmul outputs, each RoPE
 SiLU, residual adds, attention output), so that the two paths write the same KV cache entries
 up to accumulation order and can replace each other mid-request.
 
+Programmatic dependent launch (PDL, Hopper and later): each kernel is launched to start while the
+one before it is still running. A kernel issues its weight loads first (they depend on nothing),
+then waits in `_after_previous_kernel` until the previous kernel has finished and its writes are
+visible, and only then reads activations and writes anything. So one kernel's weights stream in
+while its predecessor computes, instead of every kernel paying launch plus a cold memory wait. Every
+kernel waits (a kernel that did not could finish before the one it depends on), and nothing is
+written before the wait, which is what keeps it as exact as a serial launch.
+
 Every shape is fixed by (W, kv_len) and nothing is read back to the host: CUDA graphs capture it.
 """
 
@@ -43,6 +51,12 @@ import triton
 import triton.language as tl
 
 from lingcode.engine.local.model import Transformer
+
+try:  # Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: serial launches only
+    gdc_launch_dependents = gdc_wait = None
+_HAS_GDC = tl.constexpr(gdc_wait is not None)
 
 # Triton 3.9's interpreter (TRITON_INTERPRET=1, the CPU tests) multiplies bf16 dot operands as their
 # integer bits: there, and for fp32 (which tl.dot would round to tf32), dots run in full fp32.
@@ -89,6 +103,16 @@ def _fence():
     memory operation. (The interpreter runs programs one at a time and needs none.)"""
     if not _INTERPRETED:
         tl.inline_asm_elementwise("fence.sc.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _after_previous_kernel():
+    """Wait until the kernel before this one in the stream has finished and its writes are visible,
+    then let the next kernel start (PDL; see the module doc). Without PDL the wait returns at once:
+    the launch itself waited. The interpreter runs kernels one after another and has no such op."""
+    if _HAS_GDC and not _INTERPRETED:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -141,6 +165,7 @@ def norm_qkv_rope_kernel(
     row_lo = head * HEAD_DIM + j
     w_lo = _load_rows(wqkv_ptr, row_lo, pair_ok, D, BLOCK_K)  # the weights first: the longest wait
     w_hi = _load_rows(wqkv_ptr, row_lo + HALF, pair_ok, D, BLOCK_K)
+    _after_previous_kernel()
     m, m_ok = _this_row(W)
     pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
     a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
@@ -187,6 +212,7 @@ def attention_kernel(
     done_ptr for the next step. A token's program is the same whatever W is (see the module doc)."""
     GROUP: tl.constexpr = N_HEADS // N_KV_HEADS
     kv_head, split, w = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _after_previous_kernel()  # q and this token's cache entries come from the kernel before
     r = tl.arange(0, BLOCK_Q)
     r_ok = r < GROUP
     head = kv_head * GROUP + r
@@ -257,6 +283,7 @@ def matmul_residual_kernel(
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < D
     w = _load_rows(w_ptr, n, n_ok, K, BLOCK_K)
+    _after_previous_kernel()
     m, m_ok = _this_row(W)
     a = _load_rows(in_ptr, m, m_ok, K, BLOCK_K)
     _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(a, w), D)
@@ -272,6 +299,7 @@ def norm_gate_up_kernel(
     n_ok = n < FFN
     w_gate = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
     w_up = _load_rows(w_ptr, FFN + n, n_ok, D, BLOCK_K)
+    _after_previous_kernel()
     m, m_ok = _this_row(W)
     a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
     dtype = a.dtype
@@ -290,6 +318,7 @@ def norm_lm_head_kernel(
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
+    _after_previous_kernel()
     m, m_ok = _this_row(W)
     a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
     logits = _matmul(a, w).to(out_ptr.dtype.element_ty)
@@ -313,15 +342,19 @@ class TritonStep:
     which graphs captured from this step use: keep the step alive as long as its graphs.
 
     blocks: the GEMV block table (BLOCKS); the CPU tests give the interpreter larger blocks.
+    pdl: launch each kernel to overlap the one before (module doc); default: where the GPU has it.
     """
 
-    def __init__(self, model: Transformer, blocks: dict | None = None):
+    def __init__(self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None):
         cfg = model.cfg
         if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
             raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
         self.model, self.cfg = model, cfg
         self.blocks = blocks or BLOCKS
-        self.splits_done = torch.zeros(cfg.n_kv_heads * MAX_ROWS, dtype=torch.int32, device=model.norm.weight.device)
+        device = model.norm.weight.device
+        self.splits_done = torch.zeros(cfg.n_kv_heads * MAX_ROWS, dtype=torch.int32, device=device)
+        self.pdl = pdl_supported(device) if pdl is None else pdl
+        self.launch = {"launch_pdl": True} if self.pdl else {}  # extra launch options of every kernel
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
         """tokens [1, W] at positions [W] (device tensors), attending over the first kv_len cache
@@ -347,7 +380,7 @@ class TritonStep:
             x, layer.attn_norm.weight, layer.attn.wqkv.weight, self.model.rope_cos, self.model.rope_sin,
             positions, q, cache.k, cache.v, x.shape[0], cache.k.shape[2], layer.attn_norm.eps,
             cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
-            num_warps=warps,
+            num_warps=warps, **self.launch,
         )  # fmt: skip
         return q
 
@@ -366,6 +399,7 @@ class TritonStep:
             q, cache.k, cache.v, positions, part_out, part_max, part_sum, out, self.splits_done,
             width, cache.k.shape[2], kv_len, split_len, splits, 1.0 / math.sqrt(cfg.head_dim),
             cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_q, ATTN_BLOCK_KV, ATTN_MAX_SPLITS, MAX_ROWS, num_warps=4,
+            **self.launch,
         )  # fmt: skip
         return out
 
@@ -379,7 +413,7 @@ class TritonStep:
         block_n, warps = self._block("gate_up", x)
         norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), x.shape[0])](
             x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], layer.ffn_norm.eps,
-            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), num_warps=warps,
+            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return h
 
@@ -391,7 +425,7 @@ class TritonStep:
         block_n, warps = self._block(matrix, x)
         k = a.shape[1]
         matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), x.shape[0])](
-            a, weight, x, x.shape[0], self.cfg.dim, k, block_n, _whole(k), num_warps=warps,
+            a, weight, x, x.shape[0], self.cfg.dim, k, block_n, _whole(k), num_warps=warps, **self.launch,
         )  # fmt: skip
 
     def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
@@ -402,13 +436,22 @@ class TritonStep:
         block_n, warps = self._block("lm_head", x)
         norm_lm_head_kernel[(triton.cdiv(vocab, block_n), x.shape[0])](
             x, model.norm.weight, model.output.weight, logits, x.shape[0], vocab, model.norm.eps,
-            self.cfg.dim, block_n, _whole(self.cfg.dim), num_warps=warps,
+            self.cfg.dim, block_n, _whole(self.cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return logits
 
     def _block(self, matrix: str, x: torch.Tensor) -> tuple[int, int]:
         """(BLOCK_N, num_warps) for the matrix: the same at every width, for the same sums."""
         return self.blocks[matrix]
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: a Hopper or later GPU, and a Triton that can launch with it."""
+    if device.type != "cuda" or gdc_wait is None or torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return "launch_pdl" in CUDAOptions.__dataclass_fields__
 
 
 def _whole(k: int) -> int:
