@@ -1,8 +1,8 @@
 """The captured step with torch kernels vs the Triton step (lingcode/engine/local/triton_step.py),
-with and without programmatic dependent launch.
+with and without programmatic dependent launch, and with GEMV programs computing 1-8 rows of a step.
 
-For each kernel set: ms per CUDA graph replay of the decode step (width 1) and the verify step
-(width 8) at contexts 300 and 2000 (median of 5 runs of 200 replays), load + capture time, and how
+For each kernel set: ms per CUDA graph replay of the decode step (width 1) and verify steps
+(widths 4 and 8) at contexts 300 and 2000 (median of 5 runs of 200 replays), load + capture time, and how
 far the Triton step's logits and KV cache entries are from the torch step's on the same inputs.
 
 PYTHONPATH=. LINGCODE_MODEL=path/to/SmolLM2-135M-Instruct.Q4_1.gguf python3 bench/triton_vs_torch.py
@@ -19,7 +19,7 @@ from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.weights import ModelConfig, load_checkpoint
 
-CASES = ((1, 300), (1, 2000), (8, 300), (8, 2000))  # (width, context: the last position + 1)
+CASES = ((1, 300), (1, 2000), (4, 300), (8, 300), (8, 2000))  # (width, context: the last position + 1)
 TEXT = "def parse(tokens):\n    # Walk the token list and build the tree, one node per statement.\n"
 
 
@@ -51,8 +51,9 @@ model = Transformer.from_weights(cfg, weights, torch.bfloat16, torch.device("cud
 model.setup_cache(cfg.context_length)
 load_s = time.perf_counter() - started
 runners, capture_s = {}, {}
-VARIANTS = {"torch": dict(kernels="torch"), "triton": dict(kernels="triton"),
-            "triton, serial launches": dict(kernels="triton", pdl=False)}  # without PDL (triton_step.py)
+VARIANTS = {"torch": dict(kernels="torch"), "triton": dict(kernels="triton")}
+VARIANTS |= {f"triton, {rows} rows a program": dict(kernels="triton", triton_options={"rows": rows}) for rows in (2, 4, 8)}
+VARIANTS["triton, serial launches"] = dict(kernels="triton", triton_options={"pdl": False})  # no PDL (triton_step.py)
 for kernels, options in VARIANTS.items():  # all capture the same model: one KV cache, the same inputs
     started = time.perf_counter()
     runners[kernels] = GraphRunner(model, **options)

@@ -138,16 +138,26 @@ def test_triton_step_matches_the_torch_step(gpu_engine, triton_engine):
         triton_engine.reset_cache()
 
 
-async def test_speculation_is_lossless_with_the_triton_step(triton_engine):
+@pytest.mark.parametrize("rows", [None, 1, 2, 4, 8])
+async def test_speculation_is_lossless_with_the_triton_step(triton_engine, rows):
     """The Triton step decodes (pipelined loop, width 1) and verifies drafts (widths 2-8) after a
     torch prefill: drafting changes no greedy token, because a verify step computes each row with
-    the very programs a one-token step runs (triton_step.py). Before that design, with tensor-core
-    dots in verify steps, "What is the capital of France?" parted at token 19 on the H200."""
-    params = SamplingParams(max_tokens=48, temperature=0.0)
-    for prompt in PROMPTS:
-        ids = chat_ids(triton_engine, prompt)
-        plain = await generate(triton_engine, ids, params, "off")
-        assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
+    the very code a one-token step runs (triton_step.py), however many rows a program computes in
+    turn (rows; None: the default). Before that design, with tensor-core dots in verify steps,
+    "What is the capital of France?" parted at token 19 on the H200."""
+    from lingcode.engine.local.cuda_graphs import GraphRunner
+
+    default = triton_engine.graphs
+    if rows is not None:
+        triton_engine.graphs = GraphRunner(triton_engine.model, kernels="triton", triton_options={"rows": rows})
+    try:
+        params = SamplingParams(max_tokens=48, temperature=0.0)
+        for prompt in PROMPTS:
+            ids = chat_ids(triton_engine, prompt)
+            plain = await generate(triton_engine, ids, params, "off")
+            assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
+    finally:
+        triton_engine.graphs = default
 
 
 async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engine):
@@ -202,7 +212,7 @@ def test_overlapped_launches_change_no_bit(triton_engine):
         pytest.skip("no programmatic dependent launch on this GPU or Triton")
     assert triton_engine.graphs.step.pdl  # the engine's default where it is supported
     ids = (chat_ids(triton_engine, PROMPTS[0]) * 100)[:2000]
-    serial = GraphRunner(model, widths=(1, 4), kernels="triton", pdl=False)  # the same cache buckets: the same splits
+    serial = GraphRunner(model, widths=(1, 4), kernels="triton", triton_options={"pdl": False})  # the same cache buckets: the same splits
     runners = {"pdl": triton_engine.graphs, "serial": serial}
     try:
         with torch.inference_mode():

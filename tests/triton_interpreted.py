@@ -231,12 +231,14 @@ def test_the_block_table_covers_every_matrix():
     assert set(triton_step.BLOCKS) == set(LARGE_BLOCKS)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_a_verify_step_gives_each_row_what_a_one_token_step_gives(dtype):
+def test_a_verify_step_gives_each_row_what_a_one_token_step_gives(dtype, rows):
     """Lossless speculation needs this bit for bit: a width-5 step's logits and cache entries, row by
-    row, equal five one-token steps at the same positions (each after the same cache)."""
+    row, equal five one-token steps at the same positions (each after the same cache), whether a
+    GEMV program computes one row, two in turn (and a last program one), or all five."""
     model = tiny_model(dtype)
-    step = TritonStep(model, LARGE_BLOCKS)
+    step = TritonStep(model, LARGE_BLOCKS, rows=rows)
     gen = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, TINY.vocab_size, (1, 150), generator=gen)
     tokens = torch.randint(0, TINY.vocab_size, (1, 5), generator=gen)

@@ -25,8 +25,8 @@ class GraphRunner:
 
     def __init__(
         self, model: Transformer, widths=WIDTHS, buckets=BUCKETS, compile: bool = False, kernels: str = "torch",
-        pdl: bool | None = None,
-    ):  # pdl: the Triton step's programmatic dependent launch (None: where the GPU has it)
+        triton_options: dict | None = None,
+    ):  # triton_options: TritonStep's keyword arguments (pdl, rows), for benchmarks and tests
         if kernels not in ("torch", "triton"):
             raise ValueError(f"kernels {kernels!r}: use torch or triton")
         if compile and kernels == "triton":
@@ -44,7 +44,7 @@ class GraphRunner:
         if kernels == "triton":  # about five hand-written kernels per layer instead of ~20 (triton_step.py)
             from lingcode.engine.local.triton_step import TritonStep
 
-            step = TritonStep(model, pdl=pdl)
+            step = TritonStep(model, **(triton_options or {}))
         if compile:  # fuses the small elementwise kernels (norms, RoPE, SiLU) between the matmuls
             # dynamic: one compiled kernel set serves every width and cache bucket (no recompiles)
             step = torch.compile(step, fullgraph=True, dynamic=True)

@@ -73,6 +73,7 @@ BLOCKS = {
     "down": (4, 8),  # 576 rows of 1536
     "lm_head": (8, 4),  # 49152 rows of 576
 }
+ROWS_PER_PROGRAM = 1  # rows of x a GEMV program computes in turn, its weight block loaded once
 ATTN_BLOCK_KV = 128  # cache entries per attention tile
 ATTN_MAX_SPLITS = 16  # cache splits per KV head (48 programs at most), so few partial results to combine
 
@@ -91,9 +92,9 @@ def _matmul(a, w):
 
 
 @triton.jit
-def _this_row(W):
-    """The input row this program computes (the grid's second axis), as a [1] vector, and its mask."""
-    m = tl.program_id(1) + tl.arange(0, 1)
+def _row(i, W):
+    """Input row i as a [1] vector, and its mask (always true: the masks want a vector)."""
+    m = i + tl.arange(0, 1)
     return m, m < W
 
 
@@ -148,10 +149,10 @@ def _add_residual(x_ptr, m, m_ok, n, n_ok, acc, D: tl.constexpr):
     tl.store(ptrs, (x.to(tl.float32) + _round(acc, x.dtype)).to(x.dtype), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_qkv_rope_kernel(
     x_ptr, norm_ptr, wqkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-    W, max_len, eps,
+    W, ROWS, max_len, eps,
     D: tl.constexpr, N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -166,36 +167,38 @@ def norm_qkv_rope_kernel(
     w_lo = _load_rows(wqkv_ptr, row_lo, pair_ok, D, BLOCK_K)  # the weights first: the longest wait
     w_hi = _load_rows(wqkv_ptr, row_lo + HALF, pair_ok, D, BLOCK_K)
     _after_previous_kernel()
-    m, m_ok = _this_row(W)
-    pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
-    a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
-    dtype = a.dtype
-    lo = _round(_matmul(a, w_lo), dtype)  # [1, BLOCK_N], the qkv matmul's output rounding
-    hi = _round(_matmul(a, w_hi), dtype)
+    first = tl.program_id(1) * ROWS
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
+        pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
+        a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
+        dtype = a.dtype
+        lo = _round(_matmul(a, w_lo), dtype)  # [1, BLOCK_N], the qkv matmul's output rounding
+        hi = _round(_matmul(a, w_hi), dtype)
 
-    # RoPE, as model.py computes it: x * cos + rotate_half(x) * sin, each product and the sum rounded.
-    angle = pos[:, None] * HEAD_DIM + j[None, :]
-    cos_lo = tl.load(cos_ptr + angle).to(tl.float32)
-    sin_lo = tl.load(sin_ptr + angle).to(tl.float32)
-    cos_hi = tl.load(cos_ptr + angle + HALF).to(tl.float32)
-    sin_hi = tl.load(sin_ptr + angle + HALF).to(tl.float32)
-    is_v = (head >= N_HEADS + N_KV_HEADS)[None, :]
-    out_lo = tl.where(is_v, lo, _round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype)).to(dtype)
-    out_hi = tl.where(is_v, hi, _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype)).to(dtype)
+        # RoPE, as model.py computes it: x * cos + rotate_half(x) * sin, each product and the sum rounded.
+        angle = pos[:, None] * HEAD_DIM + j[None, :]
+        cos_lo = tl.load(cos_ptr + angle).to(tl.float32)
+        sin_lo = tl.load(sin_ptr + angle).to(tl.float32)
+        cos_hi = tl.load(cos_ptr + angle + HALF).to(tl.float32)
+        sin_hi = tl.load(sin_ptr + angle + HALF).to(tl.float32)
+        is_v = (head >= N_HEADS + N_KV_HEADS)[None, :]
+        out_lo = tl.where(is_v, lo, _round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype)).to(dtype)
+        out_hi = tl.where(is_v, hi, _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype)).to(dtype)
 
-    # q to its buffer [W, N_HEADS * HEAD_DIM]; k and v into the cache [N_KV_HEADS, max_len, HEAD_DIM] at pos.
-    ok = m_ok[:, None] & pair_ok[None, :]
-    is_q = (head < N_HEADS)[None, :]
-    q_at = q_ptr + m[:, None] * (N_HEADS * HEAD_DIM) + row_lo[None, :]
-    tl.store(q_at, out_lo, mask=ok & is_q)
-    tl.store(q_at + HALF, out_hi, mask=ok & is_q)
-    kv_head = tl.where(is_v, head[None, :] - N_HEADS - N_KV_HEADS, head[None, :] - N_HEADS)
-    cache_at = (kv_head * max_len + pos[:, None]) * HEAD_DIM + j[None, :]
-    is_k = ~is_q & ~is_v
-    tl.store(k_cache_ptr + cache_at, out_lo, mask=ok & is_k)
-    tl.store(k_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_k)
-    tl.store(v_cache_ptr + cache_at, out_lo, mask=ok & is_v)
-    tl.store(v_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_v)
+        # q to its buffer [W, N_HEADS * HEAD_DIM]; k and v into the cache [N_KV_HEADS, max_len, HEAD_DIM] at pos.
+        ok = m_ok[:, None] & pair_ok[None, :]
+        is_q = (head < N_HEADS)[None, :]
+        q_at = q_ptr + m[:, None] * (N_HEADS * HEAD_DIM) + row_lo[None, :]
+        tl.store(q_at, out_lo, mask=ok & is_q)
+        tl.store(q_at + HALF, out_hi, mask=ok & is_q)
+        kv_head = tl.where(is_v, head[None, :] - N_HEADS - N_KV_HEADS, head[None, :] - N_HEADS)
+        cache_at = (kv_head * max_len + pos[:, None]) * HEAD_DIM + j[None, :]
+        is_k = ~is_q & ~is_v
+        tl.store(k_cache_ptr + cache_at, out_lo, mask=ok & is_k)
+        tl.store(k_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_k)
+        tl.store(v_cache_ptr + cache_at, out_lo, mask=ok & is_v)
+        tl.store(v_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_v)
 
 
 @triton.jit
@@ -273,9 +276,9 @@ def attention_kernel(
         tl.store(out_ptr + (w * N_HEADS + head)[:, None] * HEAD_DIM + d[None, :], out.to(q.dtype), mask=r_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def matmul_residual_kernel(
-    in_ptr, w_ptr, x_ptr, W,
+    in_ptr, w_ptr, x_ptr, W, ROWS,
     D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """x[:, block] += input @ Weight[block]^T: the attention's out projection (input: attn, K the
@@ -284,14 +287,16 @@ def matmul_residual_kernel(
     n_ok = n < D
     w = _load_rows(w_ptr, n, n_ok, K, BLOCK_K)
     _after_previous_kernel()
-    m, m_ok = _this_row(W)
-    a = _load_rows(in_ptr, m, m_ok, K, BLOCK_K)
-    _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(a, w), D)
+    first = tl.program_id(1) * ROWS
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
+        a = _load_rows(in_ptr, m, m_ok, K, BLOCK_K)
+        _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(a, w), D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_gate_up_kernel(
-    x_ptr, norm_ptr, w_ptr, h_ptr, W, eps,
+    x_ptr, norm_ptr, w_ptr, h_ptr, W, ROWS, eps,
     D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """h = silu(gate) * up of rmsnorm(x): a program owns gate rows n and their up rows FFN + n."""
@@ -300,18 +305,20 @@ def norm_gate_up_kernel(
     w_gate = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
     w_up = _load_rows(w_ptr, FFN + n, n_ok, D, BLOCK_K)
     _after_previous_kernel()
-    m, m_ok = _this_row(W)
-    a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
-    dtype = a.dtype
-    gate = _round(_matmul(a, w_gate), dtype)
-    up = _round(_matmul(a, w_up), dtype)
-    h = _round(gate / (1.0 + tl.exp(-gate)), dtype) * up
-    tl.store(h_ptr + m[:, None] * FFN + n[None, :], h.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
+    first = tl.program_id(1) * ROWS
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
+        a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
+        dtype = a.dtype
+        gate = _round(_matmul(a, w_gate), dtype)
+        up = _round(_matmul(a, w_up), dtype)
+        h = _round(gate / (1.0 + tl.exp(-gate)), dtype) * up
+        tl.store(h_ptr + m[:, None] * FFN + n[None, :], h.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_lm_head_kernel(
-    x_ptr, norm_ptr, w_ptr, out_ptr, W, N, eps,
+    x_ptr, norm_ptr, w_ptr, out_ptr, W, ROWS, N, eps,
     D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """logits = rmsnorm(x) @ Wout^T for the rows n of the (vocabulary-sized) output matrix."""
@@ -319,10 +326,12 @@ def norm_lm_head_kernel(
     n_ok = n < N
     w = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
     _after_previous_kernel()
-    m, m_ok = _this_row(W)
-    a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
-    logits = _matmul(a, w).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + m[:, None] * N + n[None, :], logits, mask=m_ok[:, None] & n_ok[None, :])
+    first = tl.program_id(1) * ROWS
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
+        a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
+        logits = _matmul(a, w).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + m[:, None] * N + n[None, :], logits, mask=m_ok[:, None] & n_ok[None, :])
 
 
 def attention_splits(kv_len: int) -> tuple[int, int]:
@@ -345,7 +354,9 @@ class TritonStep:
     pdl: launch each kernel to overlap the one before (module doc); default: where the GPU has it.
     """
 
-    def __init__(self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None):
+    def __init__(
+        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int = ROWS_PER_PROGRAM
+    ):
         cfg = model.cfg
         if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
             raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
@@ -354,6 +365,7 @@ class TritonStep:
         device = model.norm.weight.device
         self.splits_done = torch.zeros(cfg.n_kv_heads * MAX_ROWS, dtype=torch.int32, device=device)
         self.pdl = pdl_supported(device) if pdl is None else pdl
+        self.rows = rows
         self.launch = {"launch_pdl": True} if self.pdl else {}  # extra launch options of every kernel
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -376,9 +388,9 @@ class TritonStep:
         q = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("qkv", x)
         pairs = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim // 2
-        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n), x.shape[0])](
+        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n), self._row_groups(x))](
             x, layer.attn_norm.weight, layer.attn.wqkv.weight, self.model.rope_cos, self.model.rope_sin,
-            positions, q, cache.k, cache.v, x.shape[0], cache.k.shape[2], layer.attn_norm.eps,
+            positions, q, cache.k, cache.v, x.shape[0], self.rows, cache.k.shape[2], layer.attn_norm.eps,
             cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
             num_warps=warps, **self.launch,
         )  # fmt: skip
@@ -411,8 +423,8 @@ class TritonStep:
         cfg = self.cfg
         h = torch.empty(x.shape[0], cfg.ffn_dim, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("gate_up", x)
-        norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), x.shape[0])](
-            x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], layer.ffn_norm.eps,
+        norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), self._row_groups(x))](
+            x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], self.rows, layer.ffn_norm.eps,
             cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return h
@@ -424,8 +436,8 @@ class TritonStep:
         """x += a @ weight^T, with the blocks of `matrix` (BLOCKS)."""
         block_n, warps = self._block(matrix, x)
         k = a.shape[1]
-        matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), x.shape[0])](
-            a, weight, x, x.shape[0], self.cfg.dim, k, block_n, _whole(k), num_warps=warps, **self.launch,
+        matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), self._row_groups(x))](
+            a, weight, x, x.shape[0], self.rows, self.cfg.dim, k, block_n, _whole(k), num_warps=warps, **self.launch,
         )  # fmt: skip
 
     def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
@@ -434,11 +446,15 @@ class TritonStep:
         vocab = model.output.weight.shape[0]
         logits = torch.empty(1, x.shape[0], vocab, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("lm_head", x)
-        norm_lm_head_kernel[(triton.cdiv(vocab, block_n), x.shape[0])](
-            x, model.norm.weight, model.output.weight, logits, x.shape[0], vocab, model.norm.eps,
+        norm_lm_head_kernel[(triton.cdiv(vocab, block_n), self._row_groups(x))](
+            x, model.norm.weight, model.output.weight, logits, x.shape[0], self.rows, vocab, model.norm.eps,
             self.cfg.dim, block_n, _whole(self.cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return logits
+
+    def _row_groups(self, x: torch.Tensor) -> int:
+        """The grid's second axis: programs per weight block, each computing `rows` rows of x."""
+        return triton.cdiv(x.shape[0], self.rows)
 
     def _block(self, matrix: str, x: torch.Tensor) -> tuple[int, int]:
         """(BLOCK_N, num_warps) for the matrix: the same at every width, for the same sums."""
