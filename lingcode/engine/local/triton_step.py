@@ -73,7 +73,8 @@ BLOCKS = {
     "down": (4, 8),  # 576 rows of 1536
     "lm_head": (8, 4),  # 49152 rows of 576
 }
-ROWS_PER_PROGRAM = 1  # rows of x a GEMV program computes in turn, its weight block loaded once
+ROWS_PER_PROGRAM = 2  # rows of x a GEMV program computes in turn, its weight block loaded once: the
+# fastest verify steps of 1, 2, 4 and 8 on an H200 (bench/triton_vs_torch.py, 2026-11-30: width 8 0.99 ms vs 1.11)
 ATTN_BLOCK_KV = 128  # cache entries per attention tile
 ATTN_MAX_SPLITS = 16  # cache splits per KV head (48 programs at most), so few partial results to combine
 
