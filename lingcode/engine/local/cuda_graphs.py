@@ -50,6 +50,7 @@ class GraphRunner:
             step = torch.compile(step, fullgraph=True, dynamic=True)
         self.step = step  # kept alive: the graphs use its state (the Triton step's attention counters)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.greedy_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # per bucket (replay_greedy)
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
@@ -64,6 +65,13 @@ class GraphRunner:
                     with torch.cuda.graph(graph, pool=pool, stream=side):
                         logits = step(self.tokens[:, :w], self.positions[:w], bucket)
                     self.graphs[(w, bucket)] = (graph, logits)
+            for bucket in self.buckets:  # greedy decoding: the step, its argmax and the next step's inputs
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=side):
+                    logits = step(self.tokens[:, :1], self.positions[:1], bucket)
+                    self.tokens[0, :1].copy_(logits[0, 0].argmax(dim=-1))
+                    self.positions[:1].add_(1)
+                self.greedy_graphs[bucket] = graph
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - started
@@ -81,3 +89,10 @@ class GraphRunner:
         graph, logits = self.graphs[(width, self.bucket_for(end))]
         graph.replay()
         return logits[0]
+
+    def replay_greedy(self, end: int) -> None:
+        """One greedy decode step in one replay: the token in tokens[0, 0] at positions[0] (= end - 1)
+        is fed, and the argmax of its logits replaces it, positions[0] moving on by one. So the
+        next step's inputs never leave the GPU, and the host launches one graph a token: sampling
+        and feeding the token back, launched apart, cost ~0.03 ms a token on the H200 (~6 %)."""
+        self.greedy_graphs[self.bucket_for(end)].replay()

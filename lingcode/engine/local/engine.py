@@ -303,13 +303,20 @@ class LocalEngine:
         token = sample(logits, params, generator).view(1)
         host[0:1].copy_(token, non_blocking=True)
         ready[0].record()
+        if params.greedy:  # the token and its position stay in the runner's buffers (replay_greedy)
+            runner.tokens[0, :1].copy_(token)
+            runner.positions[:1].fill_(n_prompt)
         finish, step, replays, pos = None, 0, 0, n_prompt  # pos: where the token being read will sit
         while finish is None:
             fed = len(generated) + 1 < max_new
             if fed:  # enqueue the next step before reading this one's token
-                runner.tokens[0, :1].copy_(token)
-                runner.positions[:1].fill_(pos)
-                token = sample(runner.replay(1, pos + 1)[0], params, generator).view(1)
+                if params.greedy:
+                    runner.replay_greedy(pos + 1)
+                    token = runner.tokens[0, :1]
+                else:
+                    runner.tokens[0, :1].copy_(token)
+                    runner.positions[:1].fill_(pos)
+                    token = sample(runner.replay(1, pos + 1)[0], params, generator).view(1)
                 slot = (step + 1) % 2
                 host[slot : slot + 1].copy_(token, non_blocking=True)
                 ready[slot].record()
