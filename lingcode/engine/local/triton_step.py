@@ -73,8 +73,9 @@ BLOCKS = {
     "down": (4, 8),  # 576 rows of 1536
     "lm_head": (8, 4),  # 49152 rows of 576
 }
-ROWS_PER_PROGRAM = 2  # rows of x a GEMV program computes in turn, its weight block loaded once: the
+# Rows of x a GEMV program computes in turn, its weight block loaded once, per weight matrix: the
 # fastest verify steps of 1, 2, 4 and 8 on an H200 (bench/triton_vs_torch.py, 2026-11-30: width 8 0.99 ms vs 1.11)
+ROWS = {"qkv": 2, "wo": 2, "gate_up": 2, "down": 2, "lm_head": 2}
 ATTN_BLOCK_KV = 128  # cache entries per attention tile
 ATTN_MAX_SPLITS = 16  # cache splits per KV head (48 programs at most), so few partial results to combine
 
@@ -353,10 +354,11 @@ class TritonStep:
 
     blocks: the GEMV block table (BLOCKS); the CPU tests give the interpreter larger blocks.
     pdl: launch each kernel to overlap the one before (module doc); default: where the GPU has it.
+    rows: rows of a step a GEMV program computes in turn, for every matrix or some (ROWS).
     """
 
     def __init__(
-        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int = ROWS_PER_PROGRAM
+        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int | dict | None = None
     ):
         cfg = model.cfg
         if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
@@ -366,7 +368,7 @@ class TritonStep:
         device = model.norm.weight.device
         self.splits_done = torch.zeros(cfg.n_kv_heads * MAX_ROWS, dtype=torch.int32, device=device)
         self.pdl = pdl_supported(device) if pdl is None else pdl
-        self.rows = rows
+        self.rows = {m: rows for m in ROWS} if isinstance(rows, int) else {**ROWS, **(rows or {})}
         self.launch = {"launch_pdl": True} if self.pdl else {}  # extra launch options of every kernel
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -389,9 +391,9 @@ class TritonStep:
         q = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("qkv", x)
         pairs = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim // 2
-        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n), self._row_groups(x))](
+        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n), self._row_groups(x, "qkv"))](
             x, layer.attn_norm.weight, layer.attn.wqkv.weight, self.model.rope_cos, self.model.rope_sin,
-            positions, q, cache.k, cache.v, x.shape[0], self.rows, cache.k.shape[2], layer.attn_norm.eps,
+            positions, q, cache.k, cache.v, x.shape[0], self.rows["qkv"], cache.k.shape[2], layer.attn_norm.eps,
             cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
             num_warps=warps, **self.launch,
         )  # fmt: skip
@@ -424,8 +426,8 @@ class TritonStep:
         cfg = self.cfg
         h = torch.empty(x.shape[0], cfg.ffn_dim, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("gate_up", x)
-        norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), self._row_groups(x))](
-            x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], self.rows, layer.ffn_norm.eps,
+        norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), self._row_groups(x, "gate_up"))](
+            x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], self.rows["gate_up"], layer.ffn_norm.eps,
             cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return h
@@ -437,8 +439,8 @@ class TritonStep:
         """x += a @ weight^T, with the blocks of `matrix` (BLOCKS)."""
         block_n, warps = self._block(matrix, x)
         k = a.shape[1]
-        matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), self._row_groups(x))](
-            a, weight, x, x.shape[0], self.rows, self.cfg.dim, k, block_n, _whole(k), num_warps=warps, **self.launch,
+        matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), self._row_groups(x, matrix))](
+            a, weight, x, x.shape[0], self.rows[matrix], self.cfg.dim, k, block_n, _whole(k), num_warps=warps, **self.launch,
         )  # fmt: skip
 
     def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
@@ -447,15 +449,15 @@ class TritonStep:
         vocab = model.output.weight.shape[0]
         logits = torch.empty(1, x.shape[0], vocab, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("lm_head", x)
-        norm_lm_head_kernel[(triton.cdiv(vocab, block_n), self._row_groups(x))](
-            x, model.norm.weight, model.output.weight, logits, x.shape[0], self.rows, vocab, model.norm.eps,
+        norm_lm_head_kernel[(triton.cdiv(vocab, block_n), self._row_groups(x, "lm_head"))](
+            x, model.norm.weight, model.output.weight, logits, x.shape[0], self.rows["lm_head"], vocab, model.norm.eps,
             self.cfg.dim, block_n, _whole(self.cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return logits
 
-    def _row_groups(self, x: torch.Tensor) -> int:
-        """The grid's second axis: programs per weight block, each computing `rows` rows of x."""
-        return triton.cdiv(x.shape[0], self.rows)
+    def _row_groups(self, x: torch.Tensor, matrix: str) -> int:
+        """The grid's second axis: programs per weight block, each computing rows[matrix] rows of x."""
+        return triton.cdiv(x.shape[0], self.rows[matrix])
 
     def _block(self, matrix: str, x: torch.Tensor) -> tuple[int, int]:
         """(BLOCK_N, num_warps) for the matrix: the same at every width, for the same sums."""
