@@ -21,13 +21,13 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
 echo "== GPU tests"
 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt"
 
-echo "== bench"
+echo "== bench, torch step"
 stamp=$(date -u +%Y-%m-%d)
-python3 -m lingcode bench --device cuda --workload random,chat,code-edit --speculation off,ngram \
+python3 -m lingcode bench --device cuda --kernels torch --workload random,chat,code-edit --speculation off,ngram \
   --peers transformers-eager,transformers-static --requests 3 --max-tokens 256 \
   --out "$out/h200-$stamp" 2>&1 | grep -v '━' | tee "$out/bench.txt"
 
-echo "== bench, Triton step"
+echo "== bench, Triton step (the default on a GPU)"
 python3 -m lingcode bench --device cuda --kernels triton --workload random,chat,code-edit --speculation off,ngram \
   --peers transformers-static --requests 3 --max-tokens 256 \
   --out "$out/h200-$stamp-triton-bench" 2>&1 | grep -v '━' | tee "$out/bench-triton.txt"

@@ -258,9 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="port to bind; 0 picks a free port (default: 8377)")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                        help="where the local engine runs; auto picks cuda if available (default: auto)")
-    serve.add_argument("--kernels", choices=["torch", "triton"], default="torch",
+    serve.add_argument("--kernels", choices=["auto", "torch", "triton"], default="auto",
                        help="the local engine's captured GPU step: torch ops, or hand-written Triton kernels "
-                            "(needs cuda; default: torch)")
+                            "(needs cuda); auto: Triton on a GPU unless --compile (default: auto)")
     serve.add_argument("--compile", action="store_true",
                        help="torch.compile the local engine's decode step: on 2 CPU cores ~1.6x faster per token "
                             "(bench/results/cpu-2026-11-29.md), for 2-5 minutes of compiling at start (less once "

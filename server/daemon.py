@@ -216,7 +216,7 @@ def serve(
     allowed_origins: tuple[str, ...] = (),
     unix_socket: Path | None = None,
     log_format: str = "json",
-    kernels: str = "torch",
+    kernels: str = "auto",
     compile: bool = False,
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
@@ -225,7 +225,7 @@ def serve(
     SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
-    kernels: the local engine's captured GPU step, "torch" or "triton". compile: torch.compile the
+    kernels: the local engine's captured GPU step, "torch", "triton" or "auto". compile: torch.compile the
     local engine's decode step (CPU: 1.6x faster steps for minutes of compiling at load).
     """
     if engine not in ("local", "sglang"):

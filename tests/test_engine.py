@@ -190,3 +190,19 @@ async def test_token_constraint_is_applied_every_step(engine):
     text, last = await collect(scheduler, engine, "digits", ids, SamplingParams(max_tokens=20, constraint=constraint, **GREEDY))
     assert len(text) == 3 and text.isdigit()
     assert last.finish_reason == "stop" and last.usage.completion_tokens == 4
+
+
+def test_auto_kernels_are_triton_on_a_gpu_and_torch_elsewhere(engine):
+    """--kernels auto (the default): the Triton step where captured graphs run it, torch otherwise."""
+    import torch
+
+    from lingcode.engine.local.engine import pick_kernels
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    pytest.importorskip("triton")
+    assert pick_kernels("auto", cuda, cuda_graphs=True, compile=False) == "triton"
+    assert pick_kernels("auto", cuda, cuda_graphs=True, compile=True) == "torch"  # --compile is for torch kernels
+    assert pick_kernels("auto", cuda, cuda_graphs=False, compile=False) == "torch"  # Triton runs only as graphs
+    assert pick_kernels("auto", cpu, cuda_graphs=True, compile=False) == "torch"
+    assert pick_kernels("torch", cuda, cuda_graphs=True, compile=False) == "torch"
+    assert engine.info.extra["kernels"] == "torch"  # this session's CPU engine

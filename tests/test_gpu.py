@@ -30,16 +30,19 @@ PROMPTS = [
 def gpu_engine(model_path):
     from lingcode.engine.local import load_engine
 
-    return load_engine(model_path, device="cuda")
+    return load_engine(model_path, device="cuda", kernels="torch")
 
 
 @pytest.fixture(scope="module")
 def triton_engine(model_path):
-    """The same model with its captured steps as hand-written Triton kernels (triton_step.py)."""
+    """The same model with its captured steps as hand-written Triton kernels (triton_step.py): what
+    the engine picks by default on a GPU."""
     pytest.importorskip("triton")
     from lingcode.engine.local import load_engine
 
-    return load_engine(model_path, device="cuda", kernels="triton")
+    engine = load_engine(model_path, device="cuda")
+    assert engine.info.extra["kernels"] == "triton"  # the default on a GPU (--kernels auto)
+    return engine
 
 
 def chat_ids(engine, text: str) -> list[int]:

@@ -373,6 +373,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (random/chat: exactly)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU: the captured graph; CPU: the decode/verify forward)")
-    parser.add_argument("--kernels", choices=["torch", "triton"], default="torch",
-                        help="the captured step's kernels: torch ops or hand-written Triton (GPU)")
+    parser.add_argument("--kernels", choices=["auto", "torch", "triton"], default="auto",
+                        help="the captured step's kernels: torch ops or hand-written Triton (GPU); "
+                             "auto: Triton on a GPU unless --compile")
     parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-2026-11-29)")

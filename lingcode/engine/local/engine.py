@@ -48,9 +48,10 @@ class _Request:
 class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
-        cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "torch",
+        cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "auto",
     ):  # fmt: skip
         cfg = checkpoint.config
+        kernels = pick_kernels(kernels, device, cuda_graphs, compile)
         self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
         self.draft_length = DraftLength()
         self.device, self.dtype = device, dtype
@@ -383,6 +384,21 @@ def compile_narrow_step(model: Transformer):
     return step
 
 
+def pick_kernels(kernels: str, device: torch.device, cuda_graphs: bool, compile: bool) -> str:
+    """"auto": the Triton step where it can run (captured graphs on a GPU, Triton importable, no
+    torch.compile, which is for the torch kernels), else torch. On the H200 it decodes 4x faster
+    than the torch step (bench/results/h200-2026-11-30-summary.md)."""
+    if kernels != "auto":
+        return kernels
+    if device.type != "cuda" or not cuda_graphs or compile:
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "triton"
+
+
 def pick_device(device: str = "auto") -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -403,12 +419,13 @@ def parse_speculation(spec: str, n_layers: int) -> tuple[str, int]:
 
 def load_engine(
     model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True,
-    compile: bool = False, kernels: str = "torch",
+    compile: bool = False, kernels: str = "auto",
 ) -> LocalEngine:
     """Load a GGUF file or Hugging Face directory: bf16 with CUDA graphs on a GPU; on the CPU f32
     activations with bf16 matmuls, and a quantized GGUF's own 4-bit weights for decoding.
 
-    kernels: what the captured GPU step runs, "torch" (model.py) or "triton" (triton_step.py)."""
+    kernels: what the captured GPU step runs, "torch" (model.py), "triton" (triton_step.py) or
+    "auto" (pick_kernels)."""
     from lingcode.engine.local.weights import load_checkpoint
 
     dev = pick_device(device)
