@@ -62,6 +62,33 @@ async def test_greedy_output_is_identical_with_every_drafter(engine, restore_spe
     assert accepted > 0
 
 
+async def test_a_typed_tail_is_verified_with_its_draft_in_one_step_losslessly(engine, restore_speculation):
+    """Prefix reuse leaves a few new prompt tokens (a typed character, a completion's cursor moving
+    on); with drafts on they are fed together with a draft of what follows, in one step. The output
+    is what plain decoding gives, and the request makes no forward pass beyond its verify steps."""
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    text = "# utilities\n" + CODE + "\n\n" + CODE.replace("add", "plus").replace("subtract", "minus")
+    ids = engine.info.tokenizer.encode(text)
+    outputs, merged = {}, 0
+    for speculation in ("off", "ngram"):
+        engine.set_speculation(speculation)
+        engine.reset_cache()
+        outputs[speculation] = []
+        for cut in (len(ids) - 12, len(ids) - 9, len(ids) - 4):  # then 3 new tokens, then 5
+            before = engine.stats()["forward_passes"]
+            out: list[int] = []
+            async for chunk in engine.generate(f"tail-{speculation}-{cut}", ids[:cut], params):
+                out += chunk.token_ids
+            last = engine.stats()["last_request"]
+            outputs[speculation].append(out)
+            passes = engine.stats()["forward_passes"] - before
+            if speculation == "ngram" and passes == last["decode_steps"]:  # no prefill pass: the tail
+                # rode along with the first draft (plain decoding: a prefill pass, then a step a token)
+                merged += 1
+    assert outputs["ngram"] == outputs["off"]
+    assert merged >= 2, "the new tail was not verified with a draft"
+
+
 async def test_ngram_drafts_pay_off_when_the_answer_copies_the_prompt(engine, restore_speculation):
     params = SamplingParams(max_tokens=48, temperature=0.0)
     _, stats = await run(engine, "ngram", PROMPTS[3], params)
@@ -122,11 +149,27 @@ def test_rejection_sampling_keeps_the_target_distribution(draft_has_probs):
     assert worst < 4.5, f"an outcome is {worst:.1f} standard deviations off the target distribution"
 
 
-def test_draft_length_adapts_to_acceptance():
-    k = DraftLength(k_max=8)
+def test_draft_length_adapts_to_acceptance_and_step_cost():
+    cpu = [20.4, 24.8, 29.7, 32.1, 38.0, 44.3, 43.0, 41.6, 41.6]  # ms a step verifying k drafts (2 cores)
+    k = DraftLength(cpu)
     for _ in range(10):
-        k.update(8, 0)
-    assert k.k == 1
+        k.update(max(k.k, 1), 0)  # nothing lands: drafting only costs
+    assert k.k == 0 and k.rate < 0.1
+    for _ in range(30):
+        k.update(0, 0)  # steps without drafts: back toward the prior, so drafting is tried again
+    assert k.k > 0
     for _ in range(10):
-        k.update(k.k, k.k)
+        k.update(k.k, k.k)  # everything lands: the longest draft pays most
     assert k.k == 8
+    for _ in range(30):
+        k.update(8, 1)  # one token a draft lands (a = 1/2): a short draft is the best buy at these costs
+    assert 1 <= k.k <= 3, k.k
+
+
+def test_draft_length_never_picks_a_longer_draft_at_the_same_cost():
+    """GPU graphs are captured at widths 1, 2, 4, 8: 2 and 3 drafts both pay for a width-4 step."""
+    widths = [0.42, 0.55, 0.72, 0.72, 1.0, 1.0, 1.0, 1.0]  # step ms for k = 0..7
+    k = DraftLength(widths)
+    for rate_steps in range(40):
+        k.update(max(k.k, 1), (rate_steps % 3 > 0) * max(k.k, 1))
+        assert k.k not in (2, 4, 5, 6), k.k

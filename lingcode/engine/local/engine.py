@@ -53,7 +53,6 @@ class LocalEngine:
         cfg = checkpoint.config
         kernels = pick_kernels(kernels, device, cuda_graphs, compile)
         self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
-        self.draft_length = DraftLength()
         self.device, self.dtype = device, dtype
         self.model = Transformer.from_weights(cfg, checkpoint.weights, dtype, device)
         if device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
@@ -67,6 +66,8 @@ class LocalEngine:
         self.narrow_step = None  # CPU --compile: decode and verify steps through torch.compile
         if device.type == "cpu" and compile:
             self.narrow_step = compile_narrow_step(self.model)
+        self.step_cost = self._measure_step_costs()  # ms of a step verifying k drafts, k = 0, 1, ...
+        self.draft_length = DraftLength(self.step_cost)
         self.info = ModelInfo(
             name=checkpoint.name,
             context_length=cfg.context_length,
@@ -93,7 +94,7 @@ class LocalEngine:
     def set_speculation(self, speculation: str) -> None:
         """Switch drafting for the requests that start from now on ("off", "ngram", "early-exit:L")."""
         self.speculation, self.draft_layers = parse_speculation(speculation, self.model.cfg.n_layers)
-        self.draft_length = DraftLength()
+        self.draft_length = DraftLength(self.step_cost)
         self.info.extra["speculation"] = speculation
 
     def reset_cache(self) -> None:
@@ -178,6 +179,59 @@ class LocalEngine:
         self._counters["forward_passes"] += 1
         return logits if all_logits else logits[-1]
 
+    def _verify(self, fed: list[int], pos: int, draft: list[int], draft_probs, params, generator) -> list[int]:
+        """One step feeding `fed` (tokens the cache lacks, the last one's next token pending) and the
+        draft after them, from pos: the tokens to emit, accepted drafts and the target's own next."""
+        logits = self._forward([*fed, *draft], pos, all_logits=True)[len(fed) - 1 :]
+        if params.greedy:
+            new = verify_greedy(logits, draft)
+        else:
+            new = verify_sampled(logits, draft, draft_probs, params, generator)
+        del self._cached_ids[pos + len(fed) + len(new) - 1 :]  # keys/values of rejected drafts are stale
+        return new
+
+    def _draft_room(self, pos: int, fed: int) -> int:
+        """How many drafts a step feeding `fed` tokens from pos may verify (0 or more): within the
+        captured widths (GPU) or the row-exact rows (CPU), and within the cache bucket of its fed
+        tokens, where each row sums as plain decoding sums it (the Triton step and the CPU's
+        row-exact attention split a row's attention by the bucket)."""
+        if self.graphs is not None:
+            room = min(self.graphs.widths[-1], self.graphs.bucket_for(pos + fed) - pos) - fed
+        elif self.model.row_exact_rows:
+            room = min(self.model.row_exact_rows, row_exact_kv_len(pos + fed, self.model.max_len) - pos) - fed
+        else:
+            room = self.draft_length.k_max
+        return max(0, room)
+
+    def _measure_step_costs(self) -> list[float]:
+        """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) on this engine, timed once at
+        load on a short context, for DraftLength: what a longer draft costs is what it must earn."""
+        model, graphs = self.model, self.graphs
+        widths = graphs.widths if graphs is not None else range(1, (model.row_exact_rows or 8) + 1)
+        step = self.narrow_step or model
+        ms = {}
+        with torch.inference_mode():
+            for width in widths:
+                tokens = torch.zeros(1, width, dtype=torch.long, device=self.device)
+                times = []
+                for _ in range(3):  # the first is a warm-up
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    started = time.perf_counter()
+                    if graphs is not None:
+                        graphs.tokens[0, :width].zero_()
+                        torch.arange(width, out=graphs.positions[:width])
+                        graphs.replay(width, width)
+                    else:
+                        step(tokens, 0, all_logits=width > 1)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    times.append(time.perf_counter() - started)
+                ms[width] = min(times[1:]) * 1e3
+        if graphs is not None:  # a draft is padded up to the next captured width
+            return [ms[graphs.width_for(k + 1)] for k in range(graphs.widths[-1])]
+        return [ms[width] for width in widths]
+
     def _choose(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
         if params.constraint is not None:
             params.constraint.mask_logits(logits)
@@ -209,26 +263,45 @@ class LocalEngine:
             generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
         max_new = min(params.max_tokens, self.info.context_length - len(ids))
 
+        drafter = self._drafter(params)
+        if drafter is not None:
+            drafter.start(ids)
+        chunks = self._prefill_steps(cached, len(ids))
+        # The prompt's last chunk (often one typed character: prefix reuse) goes with a draft of what
+        # follows it, verified in the same step: a step sooner to the first tokens. Only where the
+        # drafter needs nothing of that chunk in the cache (n-grams; a one-token chunk).
+        last = chunks.pop() if drafter is not None and (
+            isinstance(drafter, NGramDrafter) or chunks[-1][1] - chunks[-1][0] == 1) else None  # fmt: skip
         t0 = time.perf_counter()
         logits = None
-        for start, end in self._prefill_steps(cached, len(ids)):
+        for start, end in chunks:
             if req.aborted.is_set():  # between chunks, so an abort lands mid-prefill
                 break
             logits = self._forward(ids[start:end], start)
         prefill_ms = (time.perf_counter() - t0) * 1e3
 
-        drafter = self._drafter(params)
-        if drafter is not None:
-            drafter.start(ids)
         generated: list[int] = []
         steps = drafted = accepted = 0
+        from_prefill = 1  # the first token came from the prefill's logits, not from a counted step
         finish = "abort" if req.aborted.is_set() else None
         if finish is None and self.graphs is not None and drafter is None and params.constraint is None:
             finish, steps = self._pipelined_loop(req, logits, generated, stop_ids, max_new, generator, cached)
-        new = [] if finish else [self._choose(logits, params, generator)]
+        new = []
+        if finish is None and last is not None:
+            start, end = last
+            draft, draft_probs = drafter.propose(self.draft_length.k)
+            draft = draft[: min(self._draft_room(start, end - start), max_new - 1)]
+            if draft:
+                new = self._verify(ids[start:end], start, draft, draft_probs, params, generator)
+                drafted, accepted, steps, from_prefill = len(draft), len(new) - 1, 1, 0
+                self.draft_length.update(len(draft), len(new) - 1)
+            else:
+                logits = self._forward(ids[start:end], start)
+        if finish is None and not new:
+            new = [self._choose(logits, params, generator)]
         while finish is None:
             new, finish = self._take(new, generated, stop_ids, max_new, params)
-            accept_length = (len(generated) - 1) / steps if drafter is not None and steps else None
+            accept_length = (len(generated) - from_prefill) / steps if drafter is not None and steps else None
             req.emit(TokenChunk(new, finish, len(ids), cached, accept_length if finish else None))
             if finish is not None:
                 break
@@ -240,24 +313,16 @@ class LocalEngine:
             if drafter is not None:
                 drafter.extend(new)
                 draft, draft_probs = drafter.propose(self.draft_length.k)
-                if self.graphs is not None:  # within the captured verify widths and one cache bucket
-                    # (the Triton step splits a row's attention by the bucket: a verify step that
-                    # crossed into the next one would not sum a row as plain decoding does)
-                    draft = draft[: min(self.graphs.widths[-1], self.graphs.bucket_for(pos + 1) - pos) - 1]
-                elif self.model.row_exact_rows:  # stay row-exact: few rows, within one KV bucket
-                    draft = draft[: min(self.model.row_exact_rows, row_exact_kv_len(pos + 1, self.model.max_len) - pos) - 1]
+                draft = draft[: self._draft_room(pos, 1)]
             draft = draft[: max_new - len(generated)]
             if draft:
-                logits = self._forward([generated[-1], *draft], pos, all_logits=True)
-                if params.greedy:
-                    new = verify_greedy(logits, draft)
-                else:
-                    new = verify_sampled(logits, draft, draft_probs, params, generator)
-                del self._cached_ids[pos + len(new) :]  # keys/values of rejected drafts are stale
+                new = self._verify([generated[-1]], pos, draft, draft_probs, params, generator)
                 drafted += len(draft)
                 accepted += len(new) - 1
                 self.draft_length.update(len(draft), len(new) - 1)
             else:
+                if drafter is not None:
+                    self.draft_length.update(0, 0)
                 new = [self._choose(self._forward([generated[-1]], pos), params, generator)]
             steps += 1
             if req.aborted.is_set():
