@@ -125,6 +125,16 @@ async def _text_stream(
     text, last_ids, finish = "", [], None
     output_ids: list[int] = []
     chunks = scheduler.generate(request_id, input_ids, params, priority=priority, latest_wins=latest_wins)
+
+    def final() -> TextChunk:
+        end = time.perf_counter()
+        ttft = None if first_token_at is None else (first_token_at - start) * 1e3
+        tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
+        timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens,
+                        accept_length=accept_length)  # fmt: skip
+        return TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing,
+                         output_ids, stops.hit)  # fmt: skip
+
     async with aclosing(chunks):
         async for chunk in chunks:
             if chunk.token_ids and first_token_at is None:
@@ -146,14 +156,13 @@ async def _text_stream(
                     text += each.flush()
                 hit = hit or hit_here
             finish = "stop" if hit else chunk.finish_reason
+            if hit:  # the text is whole: answer now. Leaving the block afterwards (when the caller
+                # closes this stream, or reads on) aborts the engine, which first finishes the step
+                # in flight (~20 ms on 2 CPU cores): nobody need wait for that.
+                yield final()
+                return
             if finish is not None:
-                break  # leaving the block closes the stream: a stop-string hit aborts the engine
+                break
             if text:
                 yield TextChunk(text, chunk.token_ids)
-    end = time.perf_counter()
-    ttft = None if first_token_at is None else (first_token_at - start) * 1e3
-    tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
-    timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens,
-                    accept_length=accept_length)  # fmt: skip
-    yield TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing, output_ids,
-                    stops.hit)
+    yield final()
