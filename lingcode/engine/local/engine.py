@@ -204,18 +204,18 @@ class LocalEngine:
             room = self.draft_length.k_max
         return max(0, room)
 
-    def _measure_step_costs(self) -> list[float]:
-        """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) on this engine, timed once at
-        load on a short context, for DraftLength: what a longer draft costs is what it must earn."""
+    def _measure_step_costs(self, rounds: int = 4) -> list[float]:
+        """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) on this engine, timed at load
+        on a short context, for DraftLength: what a longer draft costs is what it must earn. Rounds
+        go through every width in turn and each width keeps its fastest time, so that other work on
+        the machine during the load slows all widths alike instead of skewing their ratios."""
         model, graphs = self.model, self.graphs
         widths = graphs.widths if graphs is not None else range(1, (model.row_exact_rows or 8) + 1)
         step = self.narrow_step or model
-        ms = {}
+        ms = dict.fromkeys(widths, float("inf"))
         with torch.inference_mode():
-            for width in widths:
-                tokens = torch.zeros(1, width, dtype=torch.long, device=self.device)
-                times = []
-                for _ in range(4):  # the first is a warm-up
+            for round_ in range(rounds + 1):  # round 0 is a warm-up
+                for width in widths:
                     if self.device.type == "cuda":
                         torch.cuda.synchronize()
                     started = time.perf_counter()
@@ -224,11 +224,11 @@ class LocalEngine:
                         torch.arange(width, out=graphs.positions[:width])
                         graphs.replay(width, width)
                     else:
-                        step(tokens, 0, all_logits=width > 1)
+                        step(torch.zeros(1, width, dtype=torch.long, device=self.device), 0, all_logits=width > 1)
                     if self.device.type == "cuda":
                         torch.cuda.synchronize()
-                    times.append(time.perf_counter() - started)
-                ms[width] = min(times[1:]) * 1e3
+                    if round_:
+                        ms[width] = min(ms[width], (time.perf_counter() - started) * 1e3)
         if graphs is not None:  # a draft is padded up to the next captured width
             costs = [ms[graphs.width_for(k + 1)] for k in range(graphs.widths[-1])]
         else:
