@@ -351,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="line where typing starts (default: a third into the file)")
     bench_lsp.add_argument("--chars", type=_positive, default=300, help="characters to type (default: 300)")
     bench_lsp.add_argument("--compile", action="store_true", help="the daemon compiles its decode step (serve --compile)")
+    bench_lsp.add_argument("--reuse-daemon", action="store_true",
+                           help="measure a daemon that is already running, whatever its options (default: refuse, "
+                                "so that the daemon measured is one started with this command's options)")
     bench_lsp.add_argument("--max-tokens", type=_positive, default=None, help="the LSP's maxTokens setting")
     bench_lsp.add_argument("--time-budget-ms", type=float, default=None, help="the LSP's timeBudgetMs setting")
     bench_lsp.add_argument("--model", default=None, help="model for a daemon the LSP starts")

@@ -277,8 +277,13 @@ def test_bench_lsp_replays_keystrokes_and_writes_its_table(daemon, tmp_path):
     env = {**os.environ, "LINGCODE_HOME": str(daemon.home)}
     command = [sys.executable, "-m", "lingcode", "bench", "lsp", "--chars", "4", "--start-line", "10",
                "--out", str(tmp_path)]  # fmt: skip
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    # A daemon is running (the session's): measuring it needs saying so, as its options are its own.
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "already running" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "lsp.json").exists()
+    run = subprocess.run([*command, "--reuse-daemon"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
+    assert daemon.process.poll() is None  # a daemon it did not start is left running
     result = json.loads((tmp_path / "lsp.json").read_text())
     assert len(result["keystrokes"]) == 4 and result["summary"]["keystrokes"] == 4
     summary = result["summary"]
@@ -286,6 +291,6 @@ def test_bench_lsp_replays_keystrokes_and_writes_its_table(daemon, tmp_path):
     table = (tmp_path / "lsp.md").read_text()
     assert "typed-ahead hits" in table and "tokens prefilled per engine call" in table
 
-    missing = subprocess.run([*command[:5], "--file", str(tmp_path / "nope.py")], env=env, capture_output=True,
+    missing = subprocess.run([*command[:5], "--file", str(tmp_path / "nope.py"), "--reuse-daemon"], env=env, capture_output=True,
                              text=True)  # fmt: skip
     assert missing.returncode == 2 and "is not a file" in missing.stderr and "Traceback" not in missing.stderr

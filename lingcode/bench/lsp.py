@@ -1,7 +1,9 @@
 """`lingcode bench lsp`: keystroke-to-suggestion latency of `lingcode lsp`, typing through a real file.
 
-It opens a Python file of this repository in a real `lingcode lsp` process (which finds the
-daemon, or starts one) with a stretch of it cut out, then types that stretch back one character
+It opens a Python file of this repository in a real `lingcode lsp` process (which starts a
+daemon with the options given; a daemon already running is refused unless --reuse-daemon, as
+its options may not be the ones asked for, and the one started is stopped at the end) with a
+stretch of it cut out, then types that stretch back one character
 at a time: per keystroke, a didChange and a textDocument/inlineCompletion request, waiting for
 each answer (a typist who waits for every suggestion). Per keystroke it records the time from
 sending the keystroke to the answer, and from `lingcode/stats` whether the typed-ahead cache or
@@ -38,7 +40,21 @@ def main(args) -> int:
     if args.start_line is not None and not 0 <= args.start_line < lines:
         print(f"lingcode bench lsp: --start-line must be in [0, {lines}) for {path}", file=sys.stderr)
         return 2
-    result = asyncio.run(replay(args, path))
+    from lingcode.client import read_daemon_file
+
+    running = read_daemon_file()
+    if running is not None and not args.reuse_daemon:
+        print(f"lingcode bench lsp: a lingcode daemon is already running (pid {running.pid}, {running.url}); "
+              "the LSP would use it whatever its options. Stop it, or pass --reuse-daemon to measure it.",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        result = asyncio.run(replay(args, path))
+    finally:
+        started = read_daemon_file()
+        if running is None and started is not None:  # the daemon the LSP started for this run
+            stop_daemon(started.pid)
+    result["daemon_started_by_bench"] = running is None
     table = render(result)
     print(table)
     if args.out is not None:
@@ -138,6 +154,24 @@ async def replay(args, path: Path) -> dict:
         "lsp_internal_ms": {"typed_ahead": stats.cache_ms._asdict(), "engine": stats.engine_ms._asdict()},
         "stats_round_trip_ms": {"p50": _pct(round_trips, 0.5), "p95": _pct(round_trips, 0.95)},
     }  # fmt: skip
+
+
+def stop_daemon(pid: int, timeout: float = 30.0) -> None:
+    """SIGTERM the daemon (it removes daemon.json on the way out) and wait for it to exit."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    print(f"lingcode bench lsp: the daemon (pid {pid}) did not stop in {timeout:.0f} s", file=sys.stderr)
 
 
 def _message(value) -> str:
