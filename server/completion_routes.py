@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import FastAPI
 from pydantic import Field
@@ -77,6 +78,9 @@ class CompletionRoutes:
         self.max_body_bytes = max_body_bytes
         self._counters = dict.fromkeys(("requests", "finished", "aborted", "client_gone", "errors"), 0)
         self._cuts: dict[str, int] = {}
+        # The tokens whose text holds a newline: a single-line suggestion ends with the first one.
+        tok = info.tokenizer
+        self._newline_ids = frozenset(i for i in range(tok.vocab_size) if "\n" in tok.decode([i]))
 
     def install(self, app: FastAPI) -> None:
         app.add_api_route("/v1/lingcode/complete", self.complete, methods=["POST"],
@@ -90,6 +94,9 @@ class CompletionRoutes:
         prompt = self._prompt(body)
         params = SamplingParams(body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed)
         cut = CutRules(body.prefix, body.suffix, multiline=body.multiline, time_budget_ms=body.time_budget_ms)
+        if cut.single_line:  # the engine ends the request at the line's end itself: the cut would
+            # abort it there too, but only once the engine had gone on to another step
+            params = replace(params, final_token_ids=self._newline_ids)
         request_id = f"lccmpl-{uuid.uuid4().hex}"
         latest_wins = f"complete:{body.document}" if body.document else None
         self._counters["requests"] += 1

@@ -68,6 +68,11 @@ async def test_a_completion_comes_back_with_its_prompt_and_figures(api, engine):
     assert answer["usage"]["prompt_tokens"] == len(expected.input_ids)
     assert answer["timings"]["ttft_ms"] is not None and answer["timings"]["total_ms"] > 0
     assert (await stats(api))["completions"]["requests"] >= 1
+    # One line: the engine itself ended at the token holding the newline, and ran no step past it.
+    assert answer["cut"] == "newline", answer
+    last = (await wait_idle(api))["engine"]["last_request"]
+    assert last["finish_reason"] == "stop" and last["steps_after_abort"] == 0
+    assert last["generated_tokens"] == answer["usage"]["completion_tokens"]
 
 
 async def test_typing_one_character_prefills_only_the_tail(api):

@@ -57,6 +57,11 @@ class SamplingParams:
     top_k: int = 0  # 0 means no top-k cut
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # end the generation, besides the model's eos ids
+    # End the generation once one of these is emitted, its text kept (a stop token's is not): what
+    # a single-line completion ends at (tokens holding a newline), so the engine stops right there
+    # instead of running a step that the text layer's cut then aborts. (The local engine honors
+    # it; the SGLang adapter leaves the ending to the cut.)
+    final_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     constraint: TokenConstraint | None = field(default=None, compare=False)  # stateful: one per request
 

@@ -410,7 +410,9 @@ class LocalEngine:
         """Append the step's tokens up to the first stop token or the length limit."""
         for i, token in enumerate(new):
             generated.append(token)
-            if token in stop_ids or (params.constraint is not None and params.constraint.is_terminated()):
+            if token in stop_ids or token in params.final_token_ids or (
+                params.constraint is not None and params.constraint.is_terminated()
+            ):
                 return new[: i + 1], "stop"
             if len(generated) >= max_new:
                 return new[: i + 1], "length"
