@@ -168,10 +168,9 @@ async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engin
     the default model writes JSON that validates against the schema, greedy and sampled."""
     import json
 
-    from lingcode.grammar import constraint
+    from test_constrained import SCHEMA  # the CPU test's schema
 
-    SCHEMA = {"type": "object", "properties": {"language": {"type": "string", "enum": ["python", "rust", "go"]},
-              "lines": {"type": "integer", "minimum": 1}}, "required": ["language", "lines"], "additionalProperties": False}  # fmt: skip
+    from lingcode.grammar import constraint
 
     info = gpu_engine.info
     ids = chat_ids(gpu_engine, "Which language is this project in?")
