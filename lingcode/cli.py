@@ -73,13 +73,14 @@ def cmd_lsp(args: argparse.Namespace) -> int:
     """The language server on stdin/stdout; the serve options apply when it has to start a daemon."""
     from lingcode.lsp.server import main as lsp_main
 
-    serve_args: list[str] = []
-    for option in ("engine", "model", "device", "port"):
-        if getattr(args, option) is not None:
-            serve_args += [f"--{option}", str(getattr(args, option))]
-    if args.compile:
-        serve_args.append("--compile")
-    return lsp_main(serve_args, auto_start=not args.no_start)
+    return lsp_main(serve_options(args, ("engine", "model", "device", "port")), auto_start=not args.no_start)
+
+
+def serve_options(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The `serve` options among `names` that were given, and --compile, as command-line arguments:
+    what `lsp` passes to a daemon it starts, and `bench lsp` to the LSP it starts."""
+    options = [arg for name in names if getattr(args, name) is not None for arg in (f"--{name}", str(getattr(args, name)))]
+    return options + (["--compile"] if args.compile else [])
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -70,6 +70,7 @@ async def replay(args, path: Path) -> dict:
     from pygls.lsp.client import LanguageClient
 
     from lingcode import __version__
+    from lingcode.cli import serve_options
 
     text = path.read_text()
     lines = text.splitlines(keepends=True)
@@ -82,9 +83,7 @@ async def replay(args, path: Path) -> dict:
     client.feature(types.WINDOW_WORK_DONE_PROGRESS_CREATE)(lambda params: None)
     client.feature(types.PROGRESS)(lambda params: print(f"  {_message(params.value)}", file=sys.stderr))
     client.feature(types.WINDOW_LOG_MESSAGE)(lambda params: None)
-    serve_args = [arg for option in ("model", "device", "port") if getattr(args, option) is not None
-                  for arg in (f"--{option}", str(getattr(args, option)))]  # fmt: skip
-    serve_args += ["--compile"] if args.compile else []
+    serve_args = serve_options(args, ("model", "device", "port"))
     options = {key: value for key, value in (("maxTokens", args.max_tokens), ("timeBudgetMs", args.time_budget_ms))
                if value is not None}  # fmt: skip
     await client.start_io(sys.executable, "-m", "lingcode", "lsp", *serve_args)
