@@ -141,8 +141,8 @@ class DraftLength:
     DECAY = 0.85  # weight of the past per step: about the last 7 steps count
     PRIOR = (3.0, 1.0)  # (accepted, rejected): a = 0.75 until drafts say otherwise
 
-    def __init__(self, step_cost: list[float] | None = None, k_max: int = 8):
-        self.step_cost = list(step_cost) if step_cost else [1.0 + 0.15 * k for k in range(k_max + 1)]
+    def __init__(self, step_cost: list[float]):
+        self.step_cost = list(step_cost)
         self.k_max = len(self.step_cost) - 1
         self.accepted, self.rejected = self.PRIOR
         self.k = self._best()

@@ -13,16 +13,17 @@ whole stage of the layer, and each program loads everything it needs at once:
   down_residual      x += h @ Wdown^T   (the same kernel as out_proj_residual: matmul_residual)
 
 plus the token embedding (torch) and norm_lm_head (final norm + logits). Each program owns
-BLOCK_N rows of a weight and loads them whole, K included, in one go, and computes one input row:
-a broadcast multiply and row sums (the rms norm of that row is recomputed by every program).
+BLOCK_N rows of a weight and loads them whole, K included, in one go, and computes input rows with
+them in turn (ROWS of them; a one-token step computes one): a broadcast multiply and row sums (the
+rms norm of a row is recomputed by every program).
 
-Row by row, so that speculation stays lossless: a verify step over W tokens runs a grid W times as
-tall, and every program is exactly the one plain decoding runs for that token, with the same
-blocks and the same order of sums, so each row's numbers are bit for bit what a one-token step
-gives (with tensor-core dots over 16 padded rows, verify steps rounded differently and a verified
-draft changed a greedy token on the H200). Attention likewise runs one program per query token and
-split; its splits depend on the cache bucket, so the engine keeps a verify step within one bucket.
-The weights a verify step's programs share come from L2 after the first.
+Row by row, so that speculation stays lossless: a verify step over W tokens runs each row through
+the very code plain decoding runs for that token (one binary for every W: W is not specialized),
+with the same blocks and the same order of sums, so each row's numbers are bit for bit what a
+one-token step gives (with tensor-core dots over 16 padded rows, verify steps rounded differently
+and a verified draft changed a greedy token on the H200). Attention runs one program per query
+token and split; its splits depend on the cache bucket, so the engine keeps a verify step within
+one bucket.
 
 Numerics follow the bf16 torch path (model.py): fp32 accumulation, and a rounding to the
 activation dtype wherever torch materializes a tensor (matmul outputs, each RoPE product and sum,
