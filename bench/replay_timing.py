@@ -1,6 +1,7 @@
-"""Time a captured step: what bench/graph_variants.py and bench/triton_vs_torch.py both measure.
+"""Time a captured step (bench/graph_variants.py, bench/triton_vs_torch.py) or one kernel launched
+many times in a graph (bench/triton_blocks.py, bench/flashinfer_kernels.py).
 
-Both scripts run from bench/ (python3 bench/NAME.py), so this module is importable as replay_timing.
+They run as python3 bench/NAME.py, which puts bench/ on the path: this module imports as replay_timing.
 """
 
 import torch
@@ -22,3 +23,24 @@ def ms_per_replay(runner, width: int, end: int, replays: int = 200, runs: int = 
         torch.cuda.synchronize()
         times.append(t0.elapsed_time(t1) / replays)
     return sorted(times)[runs // 2]
+
+
+def per_launch_us(fn, launches: int = 30) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compilation
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    start, end, times = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for _ in range(5):
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / 20 / launches)
+    return sorted(times)[2]
