@@ -3,13 +3,12 @@
 Each kernel is captured 30 times in a row in a CUDA graph (like 30 layers) and timed per launch, on
 one layer of random weights in SmolLM2-135M's shapes. The weights stay in L2 here, unlike in a real
 step: use it to rank block sizes, and bench/triton_vs_torch.py for the step's time. Prints the
-fastest configurations; copy the winners into BLOCKS (DOT_BLOCKS) in lingcode/engine/local/triton_step.py.
+fastest configurations; copy the winners into BLOCKS in lingcode/engine/local/triton_step.py.
 
-PYTHONPATH=. python3 bench/triton_blocks.py [dots]     (dots: the tensor-core GEMVs, DOT_BLOCKS)
+PYTHONPATH=. python3 bench/triton_blocks.py
 """
 
 import itertools
-import sys
 
 import torch
 from replay_timing import per_launch_us
@@ -18,11 +17,8 @@ from lingcode.engine.local import triton_step
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.weights import ModelConfig
 
-DOTS = sys.argv[1:] == ["dots"]
-TABLE = triton_step.DOT_BLOCKS if DOTS else triton_step.BLOCKS
-# BLOCK_N to try (one table for every width: a verify step's rows must sum as decoding's); a dot takes >= 16
-CANDIDATES = (16, 32, 64) if DOTS else (4, 8, 16)
-LM_HEAD_CANDIDATES = (16, 32, 64) if DOTS else (8, 16, 32)
+CANDIDATES = (4, 8, 16)  # BLOCK_N to try (one table for every width: a verify step's rows must sum as decoding's)
+LM_HEAD_CANDIDATES = (8, 16, 32)
 
 
 cfg = ModelConfig(n_layers=1, dim=576, ffn_dim=1536, n_heads=9, n_kv_heads=3, vocab_size=49152, context_length=8192)
@@ -39,11 +35,11 @@ with torch.inference_mode():
     for width in (1, 8):
         x = torch.randn(width, cfg.dim, device="cuda", dtype=torch.bfloat16)
         pos = torch.arange(1990, 1990 + width, device="cuda")
-        for matrix in TABLE:
+        for matrix in triton_step.BLOCKS:
             results = []
             candidates = LM_HEAD_CANDIDATES if matrix == "lm_head" else CANDIDATES
             for block_n, warps in itertools.product(candidates, (2, 4, 8)):
-                step = triton_step.TritonStep(model, {**TABLE, matrix: (block_n, warps)}, dots=DOTS)
+                step = triton_step.TritonStep(model, {**triton_step.BLOCKS, matrix: (block_n, warps)})
                 q = triton_step.TritonStep(model).norm_qkv_rope(layer, x, pos)  # inputs, from the default blocks
                 attn, h = step.attention(layer, q, pos, 2048), triton_step.TritonStep(model).norm_gate_up(layer, x)
                 run = dict(

@@ -1,5 +1,6 @@
 """The captured step with torch kernels vs the Triton step (lingcode/engine/local/triton_step.py),
-with and without programmatic dependent launch, and with GEMV programs computing 1, 2 (the default) or 4 rows of a step in turn, or all at once with tensor-core dots.
+with and without programmatic dependent launch, and with GEMV programs computing 1, 2 (the
+default) or 4 rows of a step in turn.
 
 For each kernel set: ms per CUDA graph replay of the decode step (width 1) and verify steps
 (widths 4 and 8) at contexts 300 and 2000 (median of 5 runs of 200 replays), load + capture time, and how
@@ -53,7 +54,6 @@ load_s = time.perf_counter() - started
 runners, capture_s = {}, {}
 VARIANTS = {"torch": dict(kernels="torch"), "triton": dict(kernels="triton")}
 VARIANTS |= {f"triton, {rows} rows a program": dict(kernels="triton", triton_options={"rows": rows}) for rows in (1, 4)}
-VARIANTS["triton, tensor-core dots"] = dict(kernels="triton", triton_options={"dots": True})
 VARIANTS["triton, serial launches"] = dict(kernels="triton", triton_options={"pdl": False})  # no PDL (triton_step.py)
 for kernels, options in VARIANTS.items():  # all capture the same model: one KV cache, the same inputs
     started = time.perf_counter()

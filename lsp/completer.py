@@ -4,7 +4,7 @@ One Completer serves the whole LSP session. For each request:
 1. the typed-ahead cache answers if the user is typing along a suggestion (no engine call);
    a second request for the same keystroke (ghost text and the popup) joins the running call;
 2. otherwise a request still running for the same document is cancelled (latest wins): its HTTP
-   stream closes and the daemon aborts it in the engine within a step. The daemon is also told the
+   connection closes and the daemon aborts it in the engine within a step. The daemon is also told the
    document, so it cancels the old one even before that close arrives;
 3. the daemon builds the prompt, generates with priority over chat and agents, and cuts the
    suggestion (one line mid-line, the block's end, the time budget); we keep it in the cache.
@@ -20,7 +20,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from contextlib import aclosing
 from dataclasses import dataclass, fields
 
 import httpx
@@ -173,16 +172,14 @@ class Completer:
         return text
 
     async def _ask_daemon(self, cursor: Cursor) -> tuple[str, dict]:
+        """One POST, answered whole: a suggestion is shown only once its line is done, so a stream
+        of tokens would only wake this process and the daemon's writer between steps. (Measured on 2
+        cores: no difference beyond run-to-run noise, bench/results/lsp-stream-cost-2026-11-30.txt.)
+        Cancelling the call closes the connection, which aborts the request in the engine."""
         client = await self.link.client()
         self.stats.engine_calls += 1
-        text, final = "", {}
-        async with aclosing(client.stream(ROUTE, self._body(cursor))) as events:
-            async for event in events:
-                text += event.get("text", "")
-                if event.get("finish_reason") is not None:
-                    final = event
-                    break  # the answer is complete; [DONE] adds nothing
-        return text, final
+        final = await client.post(ROUTE, self._body(cursor))
+        return final.get("text", ""), final
 
     def _body(self, cursor: Cursor) -> dict:
         s = self.settings

@@ -139,10 +139,9 @@ def test_attention_matches_sdpa(dtype, width, end, kv_len):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", [1, 5])
-@pytest.mark.parametrize("dots", [False, True])
-def test_projections_and_feed_forward_match_torch(dtype, width, dots):
+def test_projections_and_feed_forward_match_torch(dtype, width):
     model = tiny_model(dtype)
-    layer, step = model.layers[0], TritonStep(model, LARGE_BLOCKS if dots else None, dots=dots)
+    layer, step = model.layers[0], TritonStep(model)
     x = rows(model, width)
     attn_out = rows(model, width, seed=3)
     rel = tolerance(dtype)
@@ -164,13 +163,12 @@ def test_projections_and_feed_forward_match_torch(dtype, width, dots):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dots", [False, True])
-def test_step_and_torch_take_turns_mid_request(dtype, dots):
+def test_step_and_torch_take_turns_mid_request(dtype):
     """One model decodes with torch's prefill, then Triton and torch steps in turn (plain decode and
     verify widths); its twin runs torch throughout. Logits stay close every step, and the caches
     end up close everywhere: the Triton step writes the entries torch would, and no others."""
     mixed, reference = tiny_model(dtype), tiny_model(dtype)
-    step = TritonStep(mixed, LARGE_BLOCKS, dots=dots)
+    step = TritonStep(mixed, LARGE_BLOCKS)
     gen = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, TINY.vocab_size, (1, 37), generator=gen)
     rel = tolerance(dtype)
@@ -233,16 +231,14 @@ def test_the_block_table_covers_every_matrix():
     assert set(triton_step.BLOCKS) == set(LARGE_BLOCKS)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, "dots"])
+@pytest.mark.parametrize("rows", [1, 2, 5])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_verify_step_gives_each_row_what_a_one_token_step_gives(dtype, rows):
     """Lossless speculation needs this bit for bit: a width-5 step's logits and cache entries, row by
     row, equal five one-token steps at the same positions (each after the same cache), whether a
-    GEMV program computes one row, two in turn (and a last program one), all five, or all five in
-    one tensor-core dot (padded to DOT_ROWS rows, as a one-token step's row is)."""
+    GEMV program computes one row, two in turn (and a last program one), or all five."""
     model = tiny_model(dtype)
-    dots = rows == "dots"
-    step = TritonStep(model, LARGE_BLOCKS, rows=None if dots else rows, dots=dots)
+    step = TritonStep(model, LARGE_BLOCKS, rows=rows)
     gen = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, TINY.vocab_size, (1, 150), generator=gen)
     tokens = torch.randint(0, TINY.vocab_size, (1, 5), generator=gen)

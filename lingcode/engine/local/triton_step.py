@@ -64,7 +64,6 @@ _HAS_GDC = tl.constexpr(gdc_wait is not None)
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 MAX_ROWS = 16  # the most tokens a step takes (the attention's split counters are per token)
-DOT_ROWS = tl.constexpr(16)  # rows of x a GEMV program computes at once with tensor-core dots (padded)
 # GEMV blocks per weight matrix, (BLOCK_N, num_warps), for every step width. BLOCK_N counts output
 # rows, row pairs for qkv and gate/up. Decoding wants many small programs, each waiting on little
 # memory (the H200 has 132 SMs). The fastest of a sweep on an H200 (bench/triton_blocks.py).
@@ -78,9 +77,6 @@ BLOCKS = {
 # Rows of x a GEMV program computes in turn, its weight block loaded once, per weight matrix: the
 # fastest verify steps of 1, 2, 4 and 8 on an H200 (bench/triton_vs_torch.py, 2026-11-30: width 8 0.99 ms vs 1.11)
 ROWS = {"qkv": 2, "wo": 2, "gate_up": 2, "down": 2, "lm_head": 2}
-# The same with tensor-core dots (TritonStep(dots=True)): a dot takes at least 16 weight rows.
-# The fastest of a sweep on an H200 (bench/triton_blocks.py dots; h200-2026-11-30-triton-dots.txt).
-DOT_BLOCKS = {"qkv": (32, 4), "wo": (16, 4), "gate_up": (64, 8), "down": (16, 4), "lm_head": (64, 8)}
 ATTN_BLOCK_KV = 128  # cache entries per attention tile
 ATTN_MAX_SPLITS = 16  # cache splits per KV head (48 programs at most), so few partial results to combine
 
@@ -93,34 +89,15 @@ def _dot(a, b):
 
 
 @triton.jit
-def _matmul(a, w, DOTS: tl.constexpr):
-    """a [M, K] @ w [BLOCK_N, K]^T in fp32, [M, BLOCK_N]: a tensor-core dot of DOT_ROWS rows, or for
-    one row a broadcast multiply and row sums."""
-    if DOTS:  # one return: the compiler checks every return's type, even under a constexpr branch
-        out = _dot(a, tl.trans(w))
-    else:
-        out = tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
-    return out
+def _matmul(a, w):
+    """a [1, K] @ w [BLOCK_N, K]^T, in fp32: a broadcast multiply and row sums."""
+    return tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
 
 
 @triton.jit
-def _turns(first, ROWS, W, DOTS: tl.constexpr):
-    """How many turns a program computing rows first.. (ROWS of them) of a W-row step takes."""
-    if DOTS:
-        turns = 1
-    else:
-        turns = tl.minimum(ROWS, W - first)
-    return turns
-
-
-@triton.jit
-def _rows(first, i, W, DOTS: tl.constexpr):
-    """The input rows a program computes at its i-th turn, and their masks: with dots, all DOT_ROWS
-    rows of its block at once (one turn); else row first + i alone, as a [1] vector."""
-    if DOTS:
-        m = first + tl.arange(0, DOT_ROWS)
-    else:
-        m = first + i + tl.arange(0, 1)
+def _row(i, W):
+    """Input row i as a [1] vector, and its mask (always true: the masks want a vector)."""
+    m = i + tl.arange(0, 1)
     return m, m < W
 
 
@@ -180,7 +157,7 @@ def norm_qkv_rope_kernel(
     x_ptr, norm_ptr, wqkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     W, ROWS, max_len, eps,
     D: tl.constexpr, N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOTS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """q, k, v of row m of x. A program owns BLOCK_N row pairs (j, j + HEAD_DIM/2) of some
     heads of Wqkv: the two halves that rotate-half RoPE mixes, so RoPE fits in the epilogue."""
@@ -194,13 +171,13 @@ def norm_qkv_rope_kernel(
     w_hi = _load_rows(wqkv_ptr, row_lo + HALF, pair_ok, D, BLOCK_K)
     _after_previous_kernel()
     first = tl.program_id(1) * ROWS
-    for i in range(_turns(first, ROWS, W, DOTS)):  # rows first.. of x, with the weights loaded once
-        m, m_ok = _rows(first, i, W, DOTS)
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
         pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
         a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
         dtype = a.dtype
-        lo = _round(_matmul(a, w_lo, DOTS), dtype)  # [1, BLOCK_N], the qkv matmul's output rounding
-        hi = _round(_matmul(a, w_hi, DOTS), dtype)
+        lo = _round(_matmul(a, w_lo), dtype)  # [1, BLOCK_N], the qkv matmul's output rounding
+        hi = _round(_matmul(a, w_hi), dtype)
 
         # RoPE, as model.py computes it: x * cos + rotate_half(x) * sin, each product and the sum rounded.
         angle = pos[:, None] * HEAD_DIM + j[None, :]
@@ -305,7 +282,7 @@ def attention_kernel(
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def matmul_residual_kernel(
     in_ptr, w_ptr, x_ptr, W, ROWS,
-    D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOTS: tl.constexpr,
+    D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """x[:, block] += input @ Weight[block]^T: the attention's out projection (input: attn, K the
     heads' width) and the feed-forward's down projection (input: h, K the FFN width)."""
@@ -314,16 +291,16 @@ def matmul_residual_kernel(
     w = _load_rows(w_ptr, n, n_ok, K, BLOCK_K)
     _after_previous_kernel()
     first = tl.program_id(1) * ROWS
-    for i in range(_turns(first, ROWS, W, DOTS)):  # rows first.. of x, with the weights loaded once
-        m, m_ok = _rows(first, i, W, DOTS)
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
         a = _load_rows(in_ptr, m, m_ok, K, BLOCK_K)
-        _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(a, w, DOTS), D)
+        _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(a, w), D)
 
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_gate_up_kernel(
     x_ptr, norm_ptr, w_ptr, h_ptr, W, ROWS, eps,
-    D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOTS: tl.constexpr,
+    D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """h = silu(gate) * up of rmsnorm(x): a program owns gate rows n and their up rows FFN + n."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -332,12 +309,12 @@ def norm_gate_up_kernel(
     w_up = _load_rows(w_ptr, FFN + n, n_ok, D, BLOCK_K)
     _after_previous_kernel()
     first = tl.program_id(1) * ROWS
-    for i in range(_turns(first, ROWS, W, DOTS)):  # rows first.. of x, with the weights loaded once
-        m, m_ok = _rows(first, i, W, DOTS)
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
         a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
         dtype = a.dtype
-        gate = _round(_matmul(a, w_gate, DOTS), dtype)
-        up = _round(_matmul(a, w_up, DOTS), dtype)
+        gate = _round(_matmul(a, w_gate), dtype)
+        up = _round(_matmul(a, w_up), dtype)
         h = _round(gate / (1.0 + tl.exp(-gate)), dtype) * up
         tl.store(h_ptr + m[:, None] * FFN + n[None, :], h.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -345,7 +322,7 @@ def norm_gate_up_kernel(
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_lm_head_kernel(
     x_ptr, norm_ptr, w_ptr, out_ptr, W, ROWS, N, eps,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOTS: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """logits = rmsnorm(x) @ Wout^T for the rows n of the (vocabulary-sized) output matrix."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -353,10 +330,10 @@ def norm_lm_head_kernel(
     w = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
     _after_previous_kernel()
     first = tl.program_id(1) * ROWS
-    for i in range(_turns(first, ROWS, W, DOTS)):  # rows first.. of x, with the weights loaded once
-        m, m_ok = _rows(first, i, W, DOTS)
+    for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
+        m, m_ok = _row(row, W)
         a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
-        logits = _matmul(a, w, DOTS).to(out_ptr.dtype.element_ty)
+        logits = _matmul(a, w).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + m[:, None] * N + n[None, :], logits, mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -379,25 +356,19 @@ class TritonStep:
     blocks: the GEMV block table (BLOCKS); the CPU tests give the interpreter larger blocks.
     pdl: launch each kernel to overlap the one before (module doc); default: where the GPU has it.
     rows: rows of a step a GEMV program computes in turn, for every matrix or some (ROWS).
-    dots: GEMV programs compute all rows of a step at once with tensor-core dots (DOT_ROWS padded
-    rows, DOT_BLOCKS), a one-token step too, so that its sums are a verify step's.
     """
 
     def __init__(
-        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int | dict | None = None,
-        dots: bool = False,
+        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int | dict | None = None
     ):
         cfg = model.cfg
         if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
             raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
         self.model, self.cfg = model, cfg
-        self.dots = dots
-        self.blocks = blocks or (DOT_BLOCKS if dots else BLOCKS)
+        self.blocks = blocks or BLOCKS
         device = model.norm.weight.device
         self.splits_done = torch.zeros(cfg.n_kv_heads * MAX_ROWS, dtype=torch.int32, device=device)
         self.pdl = pdl_supported(device) if pdl is None else pdl
-        if dots:
-            rows = DOT_ROWS.value
         self.rows = {m: rows for m in ROWS} if isinstance(rows, int) else {**ROWS, **(rows or {})}
         self.launch = {"launch_pdl": True} if self.pdl else {}  # extra launch options of every kernel
 
@@ -424,7 +395,7 @@ class TritonStep:
         norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n), self._row_groups(x, "qkv"))](
             x, layer.attn_norm.weight, layer.attn.wqkv.weight, self.model.rope_cos, self.model.rope_sin,
             positions, q, cache.k, cache.v, x.shape[0], self.rows["qkv"], cache.k.shape[2], layer.attn_norm.eps,
-            cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim), self.dots,
+            cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
             num_warps=warps, **self.launch,
         )  # fmt: skip
         return q
@@ -458,7 +429,7 @@ class TritonStep:
         block_n, warps = self._block("gate_up", x)
         norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), self._row_groups(x, "gate_up"))](
             x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], self.rows["gate_up"], layer.ffn_norm.eps,
-            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), self.dots, num_warps=warps, **self.launch,
+            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return h
 
@@ -470,7 +441,7 @@ class TritonStep:
         block_n, warps = self._block(matrix, x)
         k = a.shape[1]
         matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), self._row_groups(x, matrix))](
-            a, weight, x, x.shape[0], self.rows[matrix], self.cfg.dim, k, block_n, _whole(k), self.dots, num_warps=warps, **self.launch,
+            a, weight, x, x.shape[0], self.rows[matrix], self.cfg.dim, k, block_n, _whole(k), num_warps=warps, **self.launch,
         )  # fmt: skip
 
     def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
@@ -481,7 +452,7 @@ class TritonStep:
         block_n, warps = self._block("lm_head", x)
         norm_lm_head_kernel[(triton.cdiv(vocab, block_n), self._row_groups(x, "lm_head"))](
             x, model.norm.weight, model.output.weight, logits, x.shape[0], self.rows["lm_head"], vocab, model.norm.eps,
-            self.cfg.dim, block_n, _whole(self.cfg.dim), self.dots, num_warps=warps, **self.launch,
+            self.cfg.dim, block_n, _whole(self.cfg.dim), num_warps=warps, **self.launch,
         )  # fmt: skip
         return logits
 
