@@ -20,6 +20,7 @@ import sys
 import flashinfer
 import torch
 import torch.nn.functional as F
+from random_weights import random_weights
 from replay_timing import per_launch_us
 
 from lingcode.engine.local import triton_step
@@ -29,11 +30,7 @@ from lingcode.engine.local.weights import ModelConfig
 HEADS, KV_HEADS, HEAD_DIM, DIM, FFN, MAX_LEN = 9, 3, 64, 576, 1536, 8192
 cfg = ModelConfig(n_layers=1, dim=DIM, ffn_dim=FFN, n_heads=HEADS, n_kv_heads=KV_HEADS, vocab_size=1024,
                   context_length=MAX_LEN)  # fmt: skip
-gen = torch.Generator().manual_seed(0)
-shapes = dict(tok_embeddings=(1024, DIM), norm=(DIM,), **{f"layers.0.{k}": v for k, v in dict(
-    attn_norm=(DIM,), ffn_norm=(DIM,), wq=(576, DIM), wk=(192, DIM), wv=(192, DIM), wo=(DIM, 576),
-    w_gate=(FFN, DIM), w_up=(FFN, DIM), w_down=(DIM, FFN)).items()})  # fmt: skip
-weights = {k: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=gen) / s[1] ** 0.5 for k, s in shapes.items()}
+weights = random_weights(cfg)
 model = Transformer.from_weights(cfg, weights, torch.bfloat16, torch.device("cuda"))
 model.setup_cache(MAX_LEN)
 layer = model.layers[0]

@@ -11,6 +11,7 @@ PYTHONPATH=. python3 bench/triton_blocks.py
 import itertools
 
 import torch
+from random_weights import random_weights
 from replay_timing import per_launch_us
 
 from lingcode.engine.local import triton_step
@@ -22,11 +23,7 @@ LM_HEAD_CANDIDATES = (8, 16, 32)
 
 
 cfg = ModelConfig(n_layers=1, dim=576, ffn_dim=1536, n_heads=9, n_kv_heads=3, vocab_size=49152, context_length=8192)
-gen = torch.Generator().manual_seed(0)
-shapes = dict(tok_embeddings=(49152, 576), norm=(576,), **{f"layers.0.{k}": v for k, v in dict(
-    attn_norm=(576,), ffn_norm=(576,), wq=(576, 576), wk=(192, 576), wv=(192, 576), wo=(576, 576),
-    w_gate=(1536, 576), w_up=(1536, 576), w_down=(576, 1536)).items()})  # fmt: skip
-weights = {k: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=gen) / s[1] ** 0.5 for k, s in shapes.items()}
+weights = random_weights(cfg)
 model = Transformer.from_weights(cfg, weights, torch.bfloat16, torch.device("cuda"))
 model.setup_cache(cfg.context_length)
 layer = model.layers[0]

@@ -14,6 +14,7 @@ import os
 import time
 
 import torch
+from random_weights import random_weights
 from replay_timing import ms_per_replay
 
 from lingcode.engine.local.cuda_graphs import GraphRunner
@@ -22,18 +23,6 @@ from lingcode.engine.local.weights import ModelConfig, load_checkpoint
 
 CASES = ((1, 300), (1, 2000), (4, 300), (8, 300), (8, 2000))  # (width, context: the last position + 1)
 TEXT = "def parse(tokens):\n    # Walk the token list and build the tree, one node per statement.\n"
-
-
-def random_weights(cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    shapes = {"tok_embeddings": (cfg.vocab_size, cfg.dim), "norm": (cfg.dim,)}
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    for i in range(cfg.n_layers):
-        shapes |= {f"layers.{i}.{name}": shape for name, shape in dict(
-            attn_norm=(cfg.dim,), ffn_norm=(cfg.dim,), wq=(q, cfg.dim), wk=(kv, cfg.dim), wv=(kv, cfg.dim),
-            wo=(cfg.dim, q), w_gate=(cfg.ffn_dim, cfg.dim), w_up=(cfg.ffn_dim, cfg.dim), w_down=(cfg.dim, cfg.ffn_dim),
-        ).items()}  # fmt: skip
-    gen = torch.Generator().manual_seed(0)
-    return {k: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=gen) / s[1] ** 0.5 for k, s in shapes.items()}
 
 
 source = os.environ["LINGCODE_MODEL"]
