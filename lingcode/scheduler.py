@@ -165,13 +165,6 @@ class Scheduler:
     async def shut_down(self, reason: str) -> None:
         """Refuse new requests, and end the running and waiting ones with EngineUnavailable(reason)."""
         self._closing = reason
-        for request_id in [self._running, *self._waiting]:
-            if request_id is not None:
-                await self.cancel(request_id)
-
-    async def shut_down(self, reason: str) -> None:
-        """Refuse new requests, and end the running and waiting ones with EngineUnavailable(reason)."""
-        self._closing = reason
         waiting = [request_id for queue in self._waiting.values() for request_id in queue]
         for request_id in [self._running, *waiting]:
             if request_id is not None:
