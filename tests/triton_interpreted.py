@@ -65,7 +65,7 @@ def tiny_model(dtype, seed: int = 0) -> Transformer:
         for name, shape in shapes.items()
     }  # fmt: skip
     model = Transformer.from_weights(cfg, weights, dtype, torch.device("cpu"))
-    model.setup_cache(cfg.context_length)
+    model.setup_cache(cfg.context_length, transposed_keys=False)  # the Triton step's layout
     return model
 
 
@@ -197,7 +197,7 @@ def real_model(model_path) -> Transformer:
     checkpoint = load_checkpoint(model_path)
     model = Transformer.from_weights(checkpoint.config, checkpoint.weights, torch.float32, torch.device("cpu"))
     model.layers = model.layers[:REAL_MODEL_LAYERS]
-    model.setup_cache(128)
+    model.setup_cache(128, transposed_keys=False)  # the Triton step's layout
     prompt = checkpoint.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return")
     with torch.inference_mode():
         model(torch.tensor([prompt]), 0)

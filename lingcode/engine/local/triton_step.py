@@ -367,6 +367,10 @@ class TritonStep:
         cfg = model.cfg
         if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
             raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
+        cache = model.layers[0].attn.kv_cache
+        if cache is not None and not (cache.k.is_contiguous() and cache.v.is_contiguous()):
+            # the kernels address the cache as [KV, L, D] row-major (the CPU stores keys position-last)
+            raise ValueError("the Triton step needs a position-first KV cache: setup_cache(transposed_keys=False)")
         self.model, self.cfg = model, cfg
         self.blocks = blocks or BLOCKS
         device = model.norm.weight.device
