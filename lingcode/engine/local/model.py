@@ -51,9 +51,10 @@ class KVCache(nn.Module):
     def __init__(self, max_len: int, n_kv_heads: int, head_dim: int, dtype, device, transposed_keys: bool = False):
         super().__init__()
         shape = (1, n_kv_heads, max_len, head_dim)
-        k = torch.zeros(shape, dtype=dtype, device=device)
         if transposed_keys:
             k = torch.zeros((1, n_kv_heads, head_dim, max_len), dtype=dtype, device=device).transpose(2, 3)
+        else:
+            k = torch.zeros(shape, dtype=dtype, device=device)
         self.register_buffer("k", k, persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
