@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -110,6 +111,24 @@ def test_ngram_drafter_copies_what_followed_the_latest_match():
     assert drafter.propose(3) == ([7, 8, 9], None)
     drafter.extend([7, 8, 9, 2])
     assert drafter.propose(2) == ([], None)  # (9, 2) / (8, 9, 2) never occurred before
+
+
+def test_ngram_drafter_started_again_indexes_as_a_fresh_one():
+    """start() winds the index back to the prefix it shares with the last sequence: whatever came
+    before, the drafter then proposes what a new drafter started on the same tokens proposes."""
+    rng = random.Random(0)
+    reused = NGramDrafter()
+    base = [rng.randrange(6) for _ in range(300)]
+    for _ in range(60):
+        cut = rng.randrange(len(base) + 1)
+        tokens = base[:cut] + [rng.randrange(6) for _ in range(rng.randrange(12))]
+        reused.start(tokens)
+        reused.extend([rng.randrange(6) for _ in range(rng.randrange(5))])  # generated tokens
+        fresh = NGramDrafter()
+        fresh.start(reused.tokens)
+        assert reused.index == fresh.index
+        assert reused.propose(4) == fresh.propose(4)
+        base = tokens if rng.random() < 0.8 else base
 
 
 def test_greedy_verify_keeps_the_matching_prefix_then_the_targets_token():

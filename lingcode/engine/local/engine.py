@@ -91,6 +91,7 @@ class LocalEngine:
         )  # fmt: skip
         self._last: dict = {}
         self._running: str | None = None
+        self._ngram = NGramDrafter()  # used by one request at a time: the worker thread's
 
     def set_speculation(self, speculation: str) -> None:
         """Switch drafting for the requests that start from now on ("off", "ngram", "early-exit:L")."""
@@ -246,8 +247,8 @@ class LocalEngine:
     def _drafter(self, params: SamplingParams) -> Drafter | None:
         if self.speculation == "off" or params.constraint is not None:
             return None  # a grammar would have to roll drafts back too: one token per step instead
-        if self.speculation == "ngram":
-            return NGramDrafter()
+        if self.speculation == "ngram":  # one for every request: it keeps the index of a shared prefix
+            return self._ngram
         return EarlyExitDrafter(self.model, self.draft_layers, self.device)
 
     def _decode(self, req: _Request) -> None:

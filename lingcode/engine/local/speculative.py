@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from lingcode.engine import SamplingParams
+from lingcode.engine.local.kv_store import common_prefix
 from lingcode.engine.local.sampling import scale
 
 
@@ -39,26 +40,51 @@ class Drafter(Protocol):
 
 class NGramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens, copy what
-    followed it. Model-free; strong where the output repeats the input (code edits, agent loops)."""
+    followed it. Model-free; strong where the output repeats the input (code edits, agent loops).
+
+    One drafter serves request after request: start() keeps the index of the tokens the new
+    sequence shares with the last one and indexes only the rest, so a keystroke's completion (the
+    same ~1000-token prompt plus a character) does not index the whole prompt again (that took
+    ~1 ms of Python before each first token). Every key set records the value it replaced, so
+    the index can be wound back to any shorter sequence exactly.
+    """
 
     def __init__(self, max_n: int = 4, min_n: int = 2):
         self.max_n, self.min_n = max_n, min_n
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> end position of its latest occurrence
+        self._replaced: list[list[tuple[tuple[int, ...], int | None]]] = []  # per token: (key, old value)
 
     def start(self, tokens: list[int]) -> None:
-        self.tokens, self.index = [], {}
-        self.extend(tokens)
+        keep = common_prefix(self.tokens, tokens)
+        if keep < len(self.tokens) - keep:  # less to keep than to wind back: index anew
+            self.tokens, self.index, self._replaced = [], {}, []
+        else:
+            self._truncate(keep)
+        self.extend(tokens[len(self.tokens) :])
 
     def extend(self, tokens: list[int]) -> None:
-        seq = self.tokens
+        seq, index = self.tokens, self.index
         for token in tokens:
             seq.append(token)
             end = len(seq)
             # Index the n-grams ending just before this token, so a lookup never finds the suffix itself.
-            for n in range(self.min_n, self.max_n + 1):
-                if end - 1 >= n:
-                    self.index[tuple(seq[end - 1 - n : end - 1])] = end - 1
+            replaced = []
+            for n in range(self.min_n, min(self.max_n, end - 1) + 1):
+                key = tuple(seq[end - 1 - n : end - 1])
+                replaced.append((key, index.get(key)))
+                index[key] = end - 1
+            self._replaced.append(replaced)
+
+    def _truncate(self, length: int) -> None:
+        """Forget the tokens after the first `length`: the index is as if they were never added."""
+        while len(self.tokens) > length:
+            self.tokens.pop()
+            for key, old in reversed(self._replaced.pop()):
+                if old is None:
+                    del self.index[key]
+                else:
+                    self.index[key] = old
 
     def propose(self, k: int) -> tuple[list[int], Tensor | None]:
         seq = self.tokens
