@@ -127,8 +127,20 @@ def test_ngram_drafter_started_again_indexes_as_a_fresh_one():
         fresh = NGramDrafter()
         fresh.start(reused.tokens)
         assert reused.index == fresh.index
+        fresh.recent = reused.recent  # the earlier outputs are the reused drafter's own
         assert reused.propose(4) == fresh.propose(4)
         base = tokens if rng.random() < 0.8 else base
+
+
+def test_ngram_drafter_copies_from_the_last_requests_outputs():
+    """The next request's text often repeats the last suggestion (after a keystroke that left it)."""
+    drafter = NGramDrafter(max_n=3, min_n=2)
+    drafter.start([1, 2, 3])
+    drafter.extend([40, 41, 42, 43, 44])  # the output of the first request
+    drafter.start([1, 2, 3, 9, 40, 41])  # the prompt never had 40 41 42 ...
+    assert drafter.propose(3) == ([42, 43, 44], None)
+    drafter.start([5, 41, 7])  # an unrelated prompt: no n-gram of it is in either
+    assert drafter.propose(3) == ([], None)
 
 
 def test_greedy_verify_keeps_the_matching_prefix_then_the_targets_token():

@@ -17,6 +17,7 @@ extend(accepted tokens).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 import torch
@@ -38,9 +39,20 @@ class Drafter(Protocol):
         """Tokens appended to the sequence (accepted drafts and the target's own token)."""
 
 
+RECENT_OUTPUTS = 4  # earlier requests' outputs the n-gram drafter also copies from
+
+
 class NGramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens, copy what
     followed it. Model-free; strong where the output repeats the input (code edits, agent loops).
+
+    It looks first in the outputs of the last few requests, then in the sequence itself. An editor
+    asks again after each keystroke that leaves the suggestion shown, and the model's new text
+    often repeats parts of what it suggested just before (the rest of a line after a different
+    character, the same call's arguments), text that is in no prompt. Replaying the 142 engine
+    calls of `lingcode bench lsp --start-line 77` in one process, each call run with and without
+    this (scratch script, not kept; 2-core machine): 947-951 forward passes instead of 1000-1007,
+    and 2-5 % less engine time in four runs (the output is the same: drafts are verified).
 
     One drafter serves request after request: start() keeps the index of the tokens the new
     sequence shares with the last one and indexes only the rest, so a keystroke's completion (the
@@ -54,8 +66,14 @@ class NGramDrafter:
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> end position of its latest occurrence
         self._replaced: list[list[tuple[tuple[int, ...], int | None]]] = []  # per token: (key, old value)
+        # (output, its n-grams -> end of their latest occurrence) for the last few requests
+        self.recent: deque[tuple[list[int], dict[tuple[int, ...], int]]] = deque(maxlen=RECENT_OUTPUTS)
+        self._prompt_len: int | None = None  # tokens[_prompt_len:] is the running request's output
 
     def start(self, tokens: list[int]) -> None:
+        if self._prompt_len is not None and len(self.tokens) > self._prompt_len + 1:
+            self._remember(self.tokens[self._prompt_len :])
+        self._prompt_len = len(tokens)
         keep = common_prefix(self.tokens, tokens)
         if keep < len(self.tokens) - keep:  # less to keep than to wind back: index anew
             self.tokens, self.index, self._replaced = [], {}, []
@@ -86,12 +104,26 @@ class NGramDrafter:
                 else:
                     self.index[key] = old
 
+    def _remember(self, output: list[int]) -> None:
+        if self.recent and self.recent[-1][0] == output:
+            return
+        index = {}
+        for end in range(self.min_n, len(output)):  # n-grams with at least one token after them
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                index[tuple(output[end - n : end])] = end
+        self.recent.append((output, index))
+
     def propose(self, k: int) -> tuple[list[int], Tensor | None]:
         seq = self.tokens
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(seq) < n:
                 continue
-            end = self.index.get(tuple(seq[-n:]))
+            key = tuple(seq[-n:])
+            for output, index in reversed(self.recent):
+                end = index.get(key)
+                if end is not None:
+                    return output[end : end + k], None
+            end = self.index.get(key)
             if end is not None:
                 return seq[end : end + k], None
         return [], None
