@@ -248,6 +248,7 @@ class LocalEngine:
         if self.speculation == "off" or params.constraint is not None:
             return None  # a grammar would have to roll drafts back too: one token per step instead
         if self.speculation == "ngram":  # one for every request: it keeps the index of a shared prefix
+            self._ngram.copy_recent = params.greedy  # a seeded sample must not depend on earlier requests
             return self._ngram
         return EarlyExitDrafter(self.model, self.draft_layers, self.device)
 

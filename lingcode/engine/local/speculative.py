@@ -69,6 +69,10 @@ class NGramDrafter:
         # (output, its n-grams -> end of their latest occurrence) for the last few requests
         self.recent: deque[tuple[list[int], dict[tuple[int, ...], int]]] = deque(maxlen=RECENT_OUTPUTS)
         self._prompt_len: int | None = None  # tokens[_prompt_len:] is the running request's output
+        # Whether propose() copies from recent outputs. Only where drafts cannot change the output
+        # (greedy decoding): with sampling, the drafts verified decide which random numbers are
+        # drawn, and a seeded request must give the same text whatever came before it.
+        self.copy_recent = True
 
     def start(self, tokens: list[int]) -> None:
         if self._prompt_len is not None and len(self.tokens) > self._prompt_len + 1:
@@ -119,7 +123,7 @@ class NGramDrafter:
             if len(seq) < n:
                 continue
             key = tuple(seq[-n:])
-            for output, index in reversed(self.recent):
+            for output, index in reversed(self.recent) if self.copy_recent else ():
                 end = index.get(key)
                 if end is not None:
                     return output[end : end + k], None
