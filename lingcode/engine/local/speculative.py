@@ -46,13 +46,13 @@ class NGramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens, copy what
     followed it. Model-free; strong where the output repeats the input (code edits, agent loops).
 
-    It looks first in the outputs of the last few requests, then in the sequence itself. An editor
-    asks again after each keystroke that leaves the suggestion shown, and the model's new text
-    often repeats parts of what it suggested just before (the rest of a line after a different
-    character, the same call's arguments), text that is in no prompt. Replaying the 142 engine
-    calls of `lingcode bench lsp --start-line 77` in one process, each call run with and without
-    this (scratch script, not kept; 2-core machine): 947-951 forward passes instead of 1000-1007,
-    and 2-5 % less engine time in four runs (the output is the same: drafts are verified).
+    For greedy requests it looks first in the outputs of the last few requests, then in the
+    sequence itself. An editor asks again after each keystroke that leaves the suggestion shown,
+    and the model's new text often repeats parts of what it suggested just before (the rest of a
+    line after a different character, the same call's arguments), text that is in no prompt.
+    `python3 bench/lsp_replay_drafts.py` replays the 142 engine calls of `lingcode bench lsp
+    --start-line 77`, each with and without this (2-core machine): 948 forward passes instead of
+    1007, 0.953 of the engine time, the same outputs (bench/results/lsp-replay-drafts-2026-11-30.txt).
 
     One drafter serves request after request: start() keeps the index of the tokens the new
     sequence shares with the last one and indexes only the rest, so a keystroke's completion (the
@@ -92,8 +92,7 @@ class NGramDrafter:
             end = len(seq)
             # Index the n-grams ending just before this token, so a lookup never finds the suffix itself.
             replaced = []
-            for n in range(self.min_n, min(self.max_n, end - 1) + 1):
-                key = tuple(seq[end - 1 - n : end - 1])
+            for key in self._ngrams_ending_at(seq, end - 1):
                 replaced.append((key, index.get(key)))
                 index[key] = end - 1
             self._replaced.append(replaced)
@@ -113,9 +112,13 @@ class NGramDrafter:
             return
         index = {}
         for end in range(self.min_n, len(output)):  # n-grams with at least one token after them
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                index[tuple(output[end - n : end])] = end
+            for key in self._ngrams_ending_at(output, end):
+                index[key] = end
         self.recent.append((output, index))
+
+    def _ngrams_ending_at(self, seq: list[int], end: int) -> list[tuple[int, ...]]:
+        """The min_n..max_n-grams of seq that end just before position `end`."""
+        return [tuple(seq[end - n : end]) for n in range(self.min_n, min(self.max_n, end) + 1)]
 
     def propose(self, k: int) -> tuple[list[int], Tensor | None]:
         seq = self.tokens
