@@ -16,6 +16,7 @@ import itertools
 import os
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -448,6 +449,9 @@ def compile_narrow_step(model: Transformer):
     eager; compiling took 123 s (less from Inductor's on-disk cache). dynamic=True: one graph for every width and
     position. Warmed up here, at load, on positions the first request overwrites (not 0 or 1:
     Dynamo specializes those values, and a real step would compile again)."""
+    # Inductor warns when a fused kernel mixes the f16 cache's writes with the bf16 inputs of the
+    # int4 matmuls; it then computes that kernel in f32, which is what the step means anyway.
+    warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
     step = torch.compile(model.forward, dynamic=True)
     with torch.inference_mode():
         for width in (1, 2, 3):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lingcode.engine.local import cpu_attention
 from lingcode.engine.local.quantized import MAX_QUANTIZED_ROWS, CpuLinear, Q4Weight
 from lingcode.engine.local.weights import ModelConfig
 
@@ -45,14 +46,22 @@ class KVCache(nn.Module):
     1000 on 2 cores had 9 % of its samples in that copy (mkl_blas_avx512_sgemm_scopy_right48_ea),
     none with the keys position-last. The logits are the same bit for bit; the step ~3 % faster
     in one side-by-side run (14.2 vs 14.7 ms), within this machine's drift in another
-    (bench/cpu_key_layout.py, bench/results/cpu-key-layout-2026-11-30.txt).
+    (bench/cpu_key_layout.py, bench/results/cpu-key-layout-2026-11-30.txt). Position-last keys
+    are stored for a multiple of 16 positions: cpu_attention reads them 16 at a time.
+
+    The CPU's cache is f16 (model.kv_dtype) where cpu_attention builds: half the bytes a step
+    reads. f16, not bf16: its 11-bit significand keeps the logits nearer the f32 cache's (largest
+    difference 0.27 vs 0.46 over a 27-wide span, verify step at context 1000), and AVX-512 converts
+    it in one instruction (bench/cpu_attention.py, bench/results/cpu-attention-2026-11-30.txt).
     """
 
     def __init__(self, max_len: int, n_kv_heads: int, head_dim: int, dtype, device, transposed_keys: bool = False):
         super().__init__()
         shape = (1, n_kv_heads, max_len, head_dim)
         if transposed_keys:
-            k = torch.zeros((1, n_kv_heads, head_dim, max_len), dtype=dtype, device=device).transpose(2, 3)
+            padded = -(-max_len // 16) * 16
+            k = torch.zeros((1, n_kv_heads, head_dim, padded), dtype=dtype, device=device).transpose(2, 3)
+            k = k[:, :, :max_len]
         else:
             k = torch.zeros(shape, dtype=dtype, device=device)
         self.register_buffer("k", k, persistent=False)
@@ -111,7 +120,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(q, cfg.dim, bias=False)
         self.split = (q, kv, kv)
         self.kv_cache: KVCache | None = None
-        self.row_exact = False  # row_exact_attention for masked steps (the CPU's decode and verify)
+        self.row_exact = False  # row_exact_attention for masked steps (the CPU's decode and verify, f32 cache)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, where, kv_len: int, mask: Tensor | None) -> Tensor:
         _, t, _ = x.shape
@@ -122,10 +131,14 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k, v = self.kv_cache.update(where, k, v, kv_len)
-        if self.row_exact and mask is not None and mask.shape[-1] == kv_len:
-            y = row_exact_attention(q, k, v, mask)
+        if k.dtype != q.dtype and t <= MAX_QUANTIZED_ROWS:  # the CPU's f16 cache: decode and verify steps
+            y = cpu_attention.decode_attention(q, self.kv_cache.k, self.kv_cache.v, where)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            k, v = k.to(q.dtype), v.to(q.dtype)  # a CPU prefill over the f16 cache computes in f32
+            if self.row_exact and mask is not None and mask.shape[-1] == kv_len:
+                y = row_exact_attention(q, k, v, mask)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(1, t, -1))
 
 
@@ -163,6 +176,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.max_len = 0
         self.row_exact_rows = 0  # steps of up to this many tokens use row_exact_attention (CPU)
+        self.kv_dtype: torch.dtype | None = None  # the KV cache's dtype when not the weights' (CPU: f16)
 
     @classmethod
     def from_weights(cls, cfg: ModelConfig, weights: dict[str, Tensor], dtype, device) -> "Transformer":
@@ -200,6 +214,8 @@ class Transformer(nn.Module):
             layer.attn.row_exact = True
         self.output = CpuLinear(self.output.weight, q4.get("output", []))
         self.row_exact_rows = MAX_QUANTIZED_ROWS
+        if cpu_attention.load():  # half the cache's bytes per step; else f32 and row_exact_attention
+            self.kv_dtype = torch.float16
 
     def setup_cache(self, max_len: int, transposed_keys: bool | None = None) -> None:
         """A KV cache for max_len positions; keys stored position-last on the CPU unless told (KVCache)."""
@@ -207,8 +223,9 @@ class Transformer(nn.Module):
         weight = self.norm.weight
         if transposed_keys is None:
             transposed_keys = weight.device.type == "cpu"
+        dtype = (self.kv_dtype if transposed_keys else None) or weight.dtype  # cpu_attention reads keys position-last
         for layer in self.layers:
-            layer.attn.kv_cache = KVCache(max_len, cfg.n_kv_heads, cfg.head_dim, weight.dtype, weight.device,
+            layer.attn.kv_cache = KVCache(max_len, cfg.n_kv_heads, cfg.head_dim, dtype, weight.device,
                                           transposed_keys)
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
