@@ -94,6 +94,7 @@ def test_the_engine_keeps_an_f16_cache_on_the_cpu(engine):
     cache = engine.model.layers[0].attn.kv_cache
     assert cache.k.dtype == cache.v.dtype == torch.float16
     assert engine.model.kv_dtype == torch.float16
+    assert engine.info.extra["kv_cache_dtype"] == "float16"
 
 
 def test_it_can_be_switched_off(monkeypatch):

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace {
 
@@ -89,6 +90,22 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+// f(std::integral_constant<int, nr>) for a runtime nr in 1..MAX: kernels take their row count
+// as a template argument, so that their accumulators are registers.
+template <int MAX, typename F>
+void with_rows(int64_t nr, F&& f) {
+  if constexpr (MAX > 1) {
+    if (nr < MAX) return with_rows<MAX - 1>(nr, f);
+  }
+  f(std::integral_constant<int, MAX>{});
+}
+
+// The next block of at most `most` of `left` rows, the blocks as even as they can be (9 -> 5, 4).
+inline int64_t block_rows(int64_t left, int64_t most) {
+  const int64_t blocks = (left + most - 1) / most;
+  return (left + blocks - 1) / blocks;
+}
+
 // Scores of NR query rows (pre-scaled, [NR, D]) against n_pad keys (position-last): s[r][l].
 template <int64_t D, int NR, typename Cache>
 void scores(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t n_pad, float* s) {
@@ -123,19 +140,10 @@ void chunk_attention(const float* q, int64_t rows, const int64_t* visible, const
   const int64_t n_pad = (n + LANES - 1) / LANES * LANES;
   alignas(64) float s[MAX_ROWS * CHUNK];
 
-  // scores: NR rows by 16 positions at a time, the accumulators in registers
-  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-    const int64_t nr = std::min<int64_t>(8, rows - r0);
-    switch (nr) {
-      case 1: scores<D, 1, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-      case 2: scores<D, 2, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-      case 3: scores<D, 3, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-      case 4: scores<D, 4, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-      case 5: scores<D, 5, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-      case 6: scores<D, 6, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-      case 7: scores<D, 7, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-      default: scores<D, 8, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); break;
-    }
+  // scores: up to 12 rows (12 accumulators + the keys in 13 of 32 registers) by 16 positions
+  for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
+    nr = block_rows(rows - r0, 12);
+    with_rows<12>(nr, [&](auto NR) { scores<D, NR, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); });
   }
 
   // per row: max over its visible positions, exp, sum in 16 fixed lanes; invisible -> 0
@@ -161,15 +169,11 @@ void chunk_attention(const float* q, int64_t rows, const int64_t* visible, const
     sum_out[r] = total;
   }
 
-  // exp(s - m) @ v, up to 4 rows at a time; weights past a row's visible positions are exact zeros
-  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-    float* out = acc_out + r0 * D;
-    switch (std::min<int64_t>(4, rows - r0)) {
-      case 1: weighted_values<D, 1, Cache>(s + r0 * CHUNK, v, v_stride_l, n, out); break;
-      case 2: weighted_values<D, 2, Cache>(s + r0 * CHUNK, v, v_stride_l, n, out); break;
-      case 3: weighted_values<D, 3, Cache>(s + r0 * CHUNK, v, v_stride_l, n, out); break;
-      default: weighted_values<D, 4, Cache>(s + r0 * CHUNK, v, v_stride_l, n, out); break;
-    }
+  // exp(s - m) @ v, up to 6 rows (24 accumulators + 4 value vectors); the weights past a row's
+  // visible positions are exact zeros
+  for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
+    nr = block_rows(rows - r0, 6);
+    with_rows<6>(nr, [&](auto NR) { weighted_values<D, NR, Cache>(s + r0 * CHUNK, v, v_stride_l, n, acc_out + r0 * D); });
   }
 }
 

@@ -79,6 +79,7 @@ class LocalEngine:
             bos_token=checkpoint.bos_token,
             eos_token=checkpoint.eos_token,
             extra={"engine": "local", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                   "kv_cache_dtype": str(self.model.layers[0].attn.kv_cache.k.dtype).removeprefix("torch."),
                    "speculation": speculation, "kernels": kernels},  # fmt: skip
         )
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingcode-engine")
