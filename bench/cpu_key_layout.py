@@ -21,6 +21,7 @@ path = models.ensure(models.DEFAULT_MODEL)
 engines = {}
 for name, transposed in (("position-first keys", False), ("position-last keys", True)):
     engine = load_engine(path, device="cpu", compile=True)
+    engine.model.kv_dtype = None  # both f32, read by torch's matmuls (the f16 cache is bench/cpu_attention.py's)
     engine.model.setup_cache(engine.model.max_len, transposed_keys=transposed)
     engines[name] = engine
 print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")

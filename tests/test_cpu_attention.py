@@ -3,6 +3,8 @@
 the same numbers bit for bit however many rows come with it and on any thread count (what keeps
 speculation lossless on the CPU)."""
 
+import logging
+
 import pytest
 import torch
 
@@ -100,3 +102,13 @@ def test_the_engine_keeps_an_f16_cache_on_the_cpu(engine):
 def test_it_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("LINGCODE_CPU_ATTENTION", "0")
     assert cpu_attention._build() is False
+
+
+def test_a_failed_build_leaves_the_f32_path_and_says_why(monkeypatch, tmp_path, caplog):
+    broken = tmp_path / "cpu_attention.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(cpu_attention, "SOURCE", broken)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING, logger=cpu_attention.__name__):
+        assert cpu_attention._build() is False
+    assert "could not be built" in caplog.text and "f32 KV cache" in caplog.text

@@ -1,25 +1,33 @@
-"""lingcode::decode_attention, the CPU's decode/verify attention over a bf16 KV cache (cpu_attention.cpp).
+"""lingcode::decode_attention, the CPU's decode/verify attention over an f16 KV cache (cpu_attention.cpp).
 
-Built from source with the machine's C++ compiler the first time an engine asks for it (about 15 s on
-2 cores; torch keeps the build under its extensions cache and reuses it while the source and flags are
-the same), then registered as a torch op, so eager forwards and torch.compile'd steps both call it.
-Where it cannot be built (no compiler, no ninja), `load()` says why once and returns False: the engine
-then keeps its f32 cache and torch's matmuls, as before this kernel.
+Built from source with the machine's C++ compiler the first time it is asked for (~15 s on 2 cores),
+into lingcode's cache directory under a name that hashes the source, the flags, torch's version and
+the CPU (the build is -march=native), then loaded from there by every later process with no build
+step and no lock. Registered as a torch op, so eager forwards and torch.compile'd steps both call
+it. Where it cannot be built (no compiler, no ninja), `load()` logs why once and returns False: the
+engine then keeps an f32 cache and torch's matmuls, as before this kernel.
+
+`main()` builds it and says so: `make run` and `make test` call it first, so that no daemon builds
+it while a test may stop that daemon.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
+import platformdirs
 import torch
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+NAME = "lingcode_cpu_attention"
 _loaded: bool | None = None
 
 
@@ -42,22 +50,36 @@ def load() -> bool:
     return _loaded
 
 
+def build_directory() -> Path:
+    """Where this source, built with these flags for this torch and this CPU, lives."""
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(compiler_flags()).encode(), torch.__version__.encode(),
+                 platform.machine().encode(), _cpu_flags().encode()):
+        key.update(part + b"\0")
+    return Path(platformdirs.user_cache_dir("lingcode")) / "cpu_attention" / key.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
 def _build() -> bool:
     if os.environ.get("LINGCODE_CPU_ATTENTION", "1") == "0":
-        log.info("bf16 CPU attention off (LINGCODE_CPU_ATTENTION=0): f32 KV cache")
+        log.info("CPU attention kernel off (LINGCODE_CPU_ATTENTION=0): f32 KV cache")
         return False
-    from torch.utils import cpp_extension
-
-    # the `ninja` the build runs comes with the ninja package, next to this interpreter
-    bin_dir = os.path.dirname(sys.executable)
-    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    where = build_directory()
+    library = where / f"{NAME}.so"
     try:
-        cpp_extension.load(name="lingcode_cpu_attention", sources=[str(SOURCE)], extra_cflags=compiler_flags(),
-                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        if not library.exists():
+            _compile(where)
+        torch.ops.load_library(str(library))
     except Exception as e:  # no compiler, no ninja, a build error: the f32 path still works
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        log.warning("bf16 CPU attention could not be built (%s); using the f32 KV cache", first_line)
+        log.warning("the CPU attention kernel could not be built (%s); using an f32 KV cache", first_line)
         return False
 
     @torch.library.register_fake("lingcode::decode_attention")
@@ -67,6 +89,34 @@ def _build() -> bool:
     return True
 
 
+def _compile(where: Path) -> None:
+    from torch.utils import cpp_extension
+
+    # the `ninja` the build runs comes with the ninja package, next to this interpreter
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    where.mkdir(parents=True, exist_ok=True)
+    lock = where / "lock"  # torch's build lock; one left by a build that was killed would block us forever
+    if lock.exists() and time.time() - lock.stat().st_mtime > 600:
+        lock.unlink(missing_ok=True)
+    log.info("building the CPU attention kernel in %s (once)", where)
+    cpp_extension.load(name=NAME, sources=[str(SOURCE)], extra_cflags=compiler_flags(), extra_ldflags=["-fopenmp"],
+                       build_directory=str(where), is_python_module=False, verbose=False)
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start) -> torch.Tensor:
     """q [1, H, T, D] f32 at positions start..start+T-1; k, v a layer's whole bf16 cache (KVCache)."""
     return torch.ops.lingcode.decode_attention(q, k, v, start)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if load():
+        print(f"CPU attention kernel: ready ({build_directory()})")
+    else:
+        print("CPU attention kernel: not available here; the CPU engine uses an f32 KV cache (see above)")
+
+
+if __name__ == "__main__":
+    main()
