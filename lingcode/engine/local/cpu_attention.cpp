@@ -1,11 +1,12 @@
-// Decode/verify attention for the CPU over a bf16 KV cache: lingcode::decode_attention.
+// Decode/verify attention for the CPU over a 16-bit KV cache (f16, the engine's choice, or bf16):
+// lingcode::decode_attention.
 //
 // Why by hand: a decode step at context ~1000 reads the whole KV cache, and in f32 that is about
-// half as many bytes as the 4-bit weights. bf16 halves it, but torch has no fast CPU path that
-// reads bf16 and computes in f32 (bf16 bmm is 2.3-2.5x slower than f32 on these shapes and
-// bmm(out_dtype=float32) has no CPU kernel). This kernel reads each key and value once per step
-// as bf16, computes in f32 and splits the context into fixed 256-position chunks (flash-decoding):
-// one task per (kv head, chunk), then the chunks are combined in order.
+// half as many bytes as the 4-bit weights. A 16-bit cache halves it, but torch has no fast CPU path
+// that reads 16-bit values and computes in f32 (bf16 bmm is 2.3-2.5x slower than f32 on these
+// shapes and bmm(out_dtype=float32) has no CPU kernel). This kernel reads each key and value once
+// per step, computes in f32 and splits the context into fixed 256-position chunks
+// (flash-decoding): one task per (kv head, chunk), then the chunks are combined in order.
 //
 // Row-exact by construction, which lossless speculation needs: a query row's result depends only
 // on its own position and the cache, never on how many rows come with it, the thread count or the
