@@ -198,11 +198,13 @@ class LocalEngine:
         """How many drafts a step feeding `fed` tokens from pos may verify (0 or more): within the
         captured widths (GPU) or the row-exact rows (CPU), and within the cache bucket of its fed
         tokens, where each row sums as plain decoding sums it (the Triton step and the CPU's
-        row-exact attention split a row's attention by the bucket)."""
+        row-exact attention split a row's attention by the bucket; cpu_attention does not, so with
+        the CPU's f16 cache the room is the rows')."""
         if self.graphs is not None:
             room = min(self.graphs.widths[-1], self.graphs.bucket_for(pos + fed) - pos) - fed
         elif self.model.row_exact_rows:
-            room = min(self.model.row_exact_rows, row_exact_kv_len(pos + fed, self.model.max_len) - pos) - fed
+            end = self.model.max_len if self.model.kv_dtype else row_exact_kv_len(pos + fed, self.model.max_len)
+            room = min(self.model.row_exact_rows, end - pos) - fed
         else:
             room = self.draft_length.k_max
         return max(0, room)
