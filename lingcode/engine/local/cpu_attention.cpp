@@ -203,6 +203,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   const auto* vp = static_cast<const uint16_t*>(v.data_ptr());
   float *mp = m.data_ptr<float>(), *sp = sum.data_ptr<float>(), *ap = acc.data_ptr<float>();
 
+  const auto run_chunk = bf16 ? chunk_attention<D, Bf16> : chunk_attention<D, F16>;
   at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t begin, int64_t stop) {
     alignas(64) float q_rows[MAX_ROWS * D];
     int64_t visible[MAX_ROWS];
@@ -218,10 +219,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
         }
       const int64_t at_ = task * rows;
       const uint16_t *kc = kp + h * k.stride(1) + l0, *vc = vp + h * v.stride(1) + l0 * v.stride(2);
-      if (bf16)
-        chunk_attention<D, Bf16>(q_rows, rows, visible, kc, k.stride(3), vc, v.stride(2), n, mp + at_, sp + at_, ap + at_ * D);
-      else
-        chunk_attention<D, F16>(q_rows, rows, visible, kc, k.stride(3), vc, v.stride(2), n, mp + at_, sp + at_, ap + at_ * D);
+      run_chunk(q_rows, rows, visible, kc, k.stride(3), vc, v.stride(2), n, mp + at_, sp + at_, ap + at_ * D);
     }
   });
 
