@@ -7,16 +7,12 @@ same logits.
 python3 bench/cpu_key_layout.py     (compiles twice: ~4 minutes on 2 cores)
 """
 
-import statistics
-import time
-
 import torch
+from compiled_steps import CONTEXT, fill, time_in_turns
 
 from lingcode import models
 from lingcode.engine.local import load_engine
 
-CONTEXT = 1000
-torch._dynamo.config.recompile_limit = 64  # two engines share model.forward's code: room for both
 path = models.ensure(models.DEFAULT_MODEL)
 engines = {}
 for name, transposed in (("position-first keys", False), ("position-last keys", True)):
@@ -26,30 +22,12 @@ for name, transposed in (("position-first keys", False), ("position-last keys", 
     engines[name] = engine
 print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 with torch.inference_mode():
-    prompt = torch.randint(0, 1000, (1, CONTEXT), generator=torch.Generator().manual_seed(0))
-    tokens = {1: prompt[:, :1], 3: prompt[:, 1:4]}
-    for engine in engines.values():
-        engine.model(prompt[:, :500], 0)
-        engine.model(prompt[:, 500:], 500)
-        for width, ids in tokens.items():  # recompiles for the new cache's strides, once
-            engine.narrow_step(ids, CONTEXT, all_logits=width > 1)
+    tokens = fill(engines)
     first, second = engines.values()
     for width, ids in tokens.items():
         same = torch.equal(first.narrow_step(ids, CONTEXT, all_logits=True), second.narrow_step(ids, CONTEXT, all_logits=True))
         print(f"width {width}: the same logits bit for bit: {same}")
-    medians: dict[tuple[str, int], list[float]] = {}
-    for _ in range(6):
-        for name, engine in engines.items():
-            for width, ids in tokens.items():
-                times = []
-                for i in range(12):
-                    started = time.perf_counter()
-                    engine.narrow_step(ids, CONTEXT + i % 5, all_logits=width > 1)
-                    times.append(time.perf_counter() - started)
-                medians.setdefault((name, width), []).append(statistics.median(times[2:]) * 1e3)
-for (name, width), runs in medians.items():
-    print(f"{name}, width {width}: {statistics.median(runs):.2f} ms a step (median of 6 rounds: "
-          + " ".join(f"{ms:.2f}" for ms in runs) + ")")
+    medians = time_in_turns(engines, tokens)
 for width in tokens:
-    before, after = (statistics.median(medians[(name, width)]) for name in engines)
+    before, after = (medians[(name, width)] for name in engines)
     print(f"width {width}: position-last / position-first = {after / before:.3f}")
