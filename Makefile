@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 TORCH := torch==2.13.0
 # The SGLang contract test runs the launch profiles through SGLang's own argument parser. sglang's
 # declared dependencies are a CUDA stack, so it goes in without them, plus the few packages its
-# parser imports (tests/sglang-parser-requirements.txt). Keep in step with lingcode/sglang/profiles.py.
+# parser imports (tests/sglang-parser-requirements.txt). Keep in step with lingcode/engine/sglang/profiles.py.
 SGLANG := sglang==0.5.23
 
 .PHONY: run test clean tmux-if-missing

@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time the torch.compile'd step")
     args = parser.parse_args()
     checkpoint = load_checkpoint(Path(args.model) if args.model else models.ensure(models.DEFAULT_MODEL))
-    files = ["lingcode/scheduler.py", "lingcode/engine/local/engine.py", "README.md", "server/app.py"]
+    files = ["lingcode/pipeline/scheduler.py", "lingcode/engine/local/engine.py", "README.md", "server/app.py"]
     texts = [checkpoint.tokenizer.encode((REPO / f).read_text()[:3000])[:400] for f in files]
     code = checkpoint.tokenizer.encode((REPO / "lingcode/engine/local/engine.py").read_text())
 

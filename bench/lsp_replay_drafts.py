@@ -1,7 +1,7 @@
 """The n-gram drafter with and without the last requests' outputs, on the LSP bench's own engine calls.
 
 Replays `lingcode bench lsp --start-line 77` in one process: the same 300 keystrokes into
-lingcode/scheduler.py, the LSP's request body (Completer._body), the daemon's prompt and cut rules,
+lingcode/pipeline/scheduler.py, the LSP's request body (Completer._body), the daemon's prompt and cut rules,
 and the typed-ahead cache, so the same 142 calls reach the engine. Each call runs twice, once with
 each drafter (its own, so each sees only its own history; the order alternates), and the two
 outputs must be equal (drafts are verified). Reports forward passes, which do not depend on the
@@ -17,17 +17,17 @@ import time
 from dataclasses import replace
 
 from lingcode import models
-from lingcode.completion_cuts import CutRules
-from lingcode.completion_prompt import Budgets, CompletionInput, build_prompt
+from lingcode.completion.cuts import CutRules
+from lingcode.completion.prompt import Budgets, CompletionInput, build_prompt
 from lingcode.engine import SamplingParams
 from lingcode.engine.local import load_engine
 from lingcode.engine.local.speculative import NGramDrafter
-from lingcode.generation import generate_text
+from lingcode.pipeline.generation import generate_text
 from lingcode.lsp.completer import Completer, Cursor, Settings
 from lingcode.lsp.typed_ahead import TypedAheadCache
-from lingcode.scheduler import Priority, Scheduler
+from lingcode.pipeline.scheduler import Priority, Scheduler
 
-FILE, START_LINE, CHARS = "lingcode/scheduler.py", 77, 300
+FILE, START_LINE, CHARS = "lingcode/pipeline/scheduler.py", 77, 300
 
 engine = load_engine(models.ensure(models.DEFAULT_MODEL), device="cpu", compile=True)
 scheduler = Scheduler(engine)

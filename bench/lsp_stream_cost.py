@@ -1,7 +1,7 @@
 """What streaming a completion costs the engine: the same suggestions asked for whole (one POST, as
 `lingcode lsp` asks) and streamed (one SSE event a token), alternating, on the running daemon.
 
-Each pair asks for the same prompt (this repo's lingcode/scheduler.py around a cursor, another file as
+Each pair asks for the same prompt (this repo's lingcode/pipeline/scheduler.py around a cursor, another file as
 context) both ways, in turns, so the prompts, drafts and tokens are the same; only the delivery
 differs. On a machine whose cores all run the engine's step, every streamed event wakes the
 daemon's writer and the client between steps.
@@ -26,15 +26,15 @@ tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 daemon = read_daemon_file()
 if daemon is None:
     sys.exit("no lingcode daemon is running: start one with `lingcode serve --device cpu`")
-source = (ROOT / "lingcode/scheduler.py").read_text()
+source = (ROOT / "lingcode/pipeline/scheduler.py").read_text()
 cursor = source.index("def ", 3000)
-context = [{"path": "lingcode/generation.py", "text": (ROOT / "lingcode/generation.py").read_text()[:1500]}]
+context = [{"path": "lingcode/pipeline/generation.py", "text": (ROOT / "lingcode/pipeline/generation.py").read_text()[:1500]}]
 http = httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=120)
 
 
 def ask(typed: str, stream: bool) -> tuple[float, dict]:
     """Wall ms from the request to the whole answer, and the answer's timings."""
-    body = {"prefix": source[:cursor] + typed, "suffix": source[cursor:], "path": "lingcode/scheduler.py",
+    body = {"prefix": source[:cursor] + typed, "suffix": source[cursor:], "path": "lingcode/pipeline/scheduler.py",
             "language": "python", "context": context, "max_tokens": tokens, "multiline": True,
             "time_budget_ms": None, "stream": stream}  # fmt: skip
     started = time.perf_counter()

@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_sglang_args(args: argparse.Namespace) -> int:
     """The resolved SGLang launch: profile + config.toml. JSON: {"argv": [...], "env": {...}}."""
-    from lingcode.sglang.profiles import resolve
+    from lingcode.engine.sglang.profiles import resolve
 
     profile = resolve(args.profile)
     if args.json:
@@ -172,7 +172,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     # The SGLang engine: informational (serve's default engine is the local one), exit code unchanged.
     from rich.console import Console
 
-    from lingcode.sglang import doctor as sglang_doctor
+    from lingcode.engine.sglang import doctor as sglang_doctor
 
     sglang_doctor.print_report(Console(width=None if sys.stdout.isatty() else 200), args.profile)
     return 0 if ok else 1
@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "and tokens prefilled per request.",
     )  # fmt: skip
     bench_lsp.add_argument("--file", type=Path, default=None,
-                           help="file to type through (default: lingcode/scheduler.py of this installation)")
+                           help="file to type through (default: lingcode/pipeline/scheduler.py of this installation)")
     bench_lsp.add_argument("--start-line", type=int, default=None,
                            help="line where typing starts (default: a third into the file)")
     bench_lsp.add_argument("--chars", type=_positive, default=300, help="characters to type (default: 300)")

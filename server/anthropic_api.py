@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from lingcode.server.validation import StrictModel, TokenCount, ToolName, TopP, check_tool_choice
-from lingcode.tool_parsers import Tool
-from lingcode.turns import ToolChoice
+from lingcode.agent.tool_parsers import Tool
+from lingcode.pipeline.turns import ToolChoice
 
 MAX_STOP_SEQUENCES = 8
 
@@ -123,7 +123,7 @@ class CountTokensRequest(StrictModel):
         return tools
 
     def chat_messages(self) -> list[dict]:
-        """OpenAI chat-shaped messages (lingcode.tool_prompt's input)."""
+        """OpenAI chat-shaped messages (lingcode.agent.tool_prompt's input)."""
         out: list[dict] = []
         if self.system:
             system = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system)

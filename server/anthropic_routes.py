@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from lingcode.engine import ModelInfo
-from lingcode.families import family_for
-from lingcode.generation import Usage
-from lingcode.scheduler import Scheduler
+from lingcode.text.families import family_for
+from lingcode.pipeline.generation import Usage
+from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server import inputs
 from lingcode.server.anthropic_api import CountTokensRequest, MessagesRequest
 from lingcode.server.body import read_json
@@ -35,8 +35,8 @@ from lingcode.server.errors import APIError, invalid
 from lingcode.server.openapi import request_body
 from lingcode.server.turn_runner import as_api_error, constrained, respond
 from lingcode.server.validation import parse
-from lingcode.tool_parsers import CallArgs, CallStart
-from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
+from lingcode.agent.tool_parsers import CallArgs, CallStart
+from lingcode.pipeline.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
 
 log = logging.getLogger("lingcode.server")
 

@@ -29,7 +29,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from lingcode import __version__
 from lingcode.engine import ModelInfo
-from lingcode.scheduler import Scheduler
+from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server import errors, openapi
 from lingcode.server.access import AccessGuard
 from lingcode.server.anthropic_routes import AnthropicRoutes
@@ -40,7 +40,7 @@ from lingcode.server.observability import RequestObserver, add_metrics_route
 from lingcode.server.openai_responses_routes import ResponsesRoutes
 from lingcode.server.openai_routes import OpenAIRoutes
 from lingcode.server.sessions_routes import SessionRoutes
-from lingcode.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
+from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
 
 
 def create_app(

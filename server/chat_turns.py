@@ -15,15 +15,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from lingcode.engine import ModelInfo
-from lingcode.families import family_for
-from lingcode.scheduler import Scheduler
+from lingcode.text.families import family_for
+from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server import inputs
 from lingcode.server.errors import APIError
 from lingcode.server.openai_api import ChatCompletionRequest
 from lingcode.server.responses import DONE, ChatShape, sse
 from lingcode.server.turn_runner import as_api_error, constrained, respond
-from lingcode.tool_parsers import CallArgs, CallStart
-from lingcode.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
+from lingcode.agent.tool_parsers import CallArgs, CallStart
+from lingcode.pipeline.turns import Content, Reasoning, TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
 
 log = logging.getLogger("lingcode.server")
 

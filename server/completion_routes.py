@@ -4,8 +4,8 @@
      "repo": "calc", "context": [{"path": "src/util.py", "text": "..."}], "document": "file:///.../calc.py",
      "max_tokens": 64, "time_budget_ms": 500, "multiline": null, "stream": false}
 
-The prompt is built per model family (lingcode.completion_prompt) and generation stops where the
-cut rules say (lingcode.completion_cuts: one line mid-line, the block's indentation, no repeat of
+The prompt is built per model family (lingcode.completion.prompt) and generation stops where the
+cut rules say (lingcode.completion.cuts: one line mid-line, the block's indentation, no repeat of
 the suffix, the time budget). Completions run before chat and agent work (Priority.COMPLETION),
 and one sent with a `document` cancels the previous one for that document (latest wins).
 
@@ -25,11 +25,11 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from lingcode.completion_cuts import CutRules
-from lingcode.completion_prompt import Budgets, Chunk, CompletionInput, CompletionPrompt, build_prompt
+from lingcode.completion.cuts import CutRules
+from lingcode.completion.prompt import Budgets, Chunk, CompletionInput, CompletionPrompt, build_prompt
 from lingcode.engine import ModelInfo, SamplingParams
-from lingcode.generation import TextChunk, generate_text
-from lingcode.scheduler import Priority, Scheduler
+from lingcode.pipeline.generation import TextChunk, generate_text
+from lingcode.pipeline.scheduler import Priority, Scheduler
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
 from lingcode.server.openai_routes import as_api_error

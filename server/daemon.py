@@ -264,7 +264,7 @@ def serve(
     started = time.perf_counter()
     try:
         if engine == "sglang":
-            from lingcode.sglang.engine import open_engine
+            from lingcode.engine.sglang.engine import open_engine
 
             # Preflight first (GPUs, interpreter, model directory): a problem is one line, at once.
             local_engine = open_engine(model_path, engine_url=engine_url, profile=profile, name=model_name, say=_say)
@@ -289,7 +289,7 @@ def serve(
     _say(f"loaded {model_name} in {time.perf_counter() - started:.1f} s ({where}, "
          f"{info.context_length} tokens of context)")  # fmt: skip
 
-    from lingcode.scheduler import Scheduler
+    from lingcode.pipeline.scheduler import Scheduler
     from lingcode.server import logs
     from lingcode.server.app import create_app
 

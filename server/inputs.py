@@ -7,13 +7,13 @@ API's own clients expect (errors.ContextLengthExceeded). Nothing is ever truncat
 
 from __future__ import annotations
 
-from lingcode.chat_template import TemplateError
+from lingcode.text.chat_template import TemplateError
 from lingcode.engine import ModelInfo, SamplingParams
-from lingcode.families import Family, family_for
+from lingcode.text.families import Family, family_for
 from lingcode.server.errors import APIError, ContextLengthExceeded, invalid
 from lingcode.server.openai_api import CompletionRequest, Message, GenerationRequest
-from lingcode.tool_parsers import Tool
-from lingcode.tool_prompt import render_prompt
+from lingcode.agent.tool_parsers import Tool
+from lingcode.agent.tool_prompt import render_prompt
 
 
 def chat_prompt(info: ModelInfo, messages: list[dict], tools: list[Tool] = (), family: Family | None = None,

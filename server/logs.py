@@ -3,7 +3,7 @@
     {"ts": "2026-11-29T15:54:24.123Z", "level": "info", "logger": "lingcode.access", "msg": "POST /v1/chat/completions 200",
      "request_id": "req-5f0c...", "route": "/v1/chat/completions", "status": 200, "duration_ms": 812.4}
 
-The request id and route come from lingcode.metrics' context variables, which the HTTP middleware
+The request id and route come from lingcode.pipeline.metrics' context variables, which the HTTP middleware
 (server/observability.py) sets for each request, so a line logged anywhere while serving it (the
 engine, the scheduler, uvicorn's errors) carries them. Fields passed with `extra=` are kept.
 configure() returns the dictConfig that uvicorn is started with: uvicorn's loggers use it too.
@@ -16,7 +16,7 @@ import logging
 import logging.config
 from datetime import UTC, datetime
 
-from lingcode import metrics
+from lingcode.pipeline import metrics
 
 # Attributes every LogRecord has; anything else on a record came from `extra=` and is a field.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "color_message"}

@@ -2,7 +2,7 @@
 
 RequestObserver is the outermost middleware, so it sees every answer, the 401s, 403s and 404s of
 the guards included. It gives each request an id (the client's `X-Request-Id` when it sends a sane
-one, else a new one), returns it in the `X-Request-Id` response header, and sets lingcode.metrics'
+one, else a new one), returns it in the `X-Request-Id` response header, and sets lingcode.pipeline.metrics'
 context variables, so that every log line and generation metric of the request carries its id and
 route. The route label is the matched route's path template ("/v1/models/{name:path}"), or
 "unmatched": raw paths would let any client grow the metrics without bound.
@@ -24,8 +24,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lingcode import metrics
-from lingcode.scheduler import Scheduler
+from lingcode.pipeline import metrics
+from lingcode.pipeline.scheduler import Scheduler
 
 REQUEST_ID_HEADER = "x-request-id"
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

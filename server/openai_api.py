@@ -16,8 +16,8 @@ from pydantic import Field, field_validator, model_validator
 
 from lingcode.server.validation import (StrictModel, TokenCount, ToolName, TopP, check_tool_choice,
                                         check_unique_tool_names)  # fmt: skip
-from lingcode.tool_parsers import Tool
-from lingcode.turns import ToolChoice
+from lingcode.agent.tool_parsers import Tool
+from lingcode.pipeline.turns import ToolChoice
 
 MAX_STOP_STRINGS = 4
 

@@ -17,8 +17,8 @@ from pydantic import Field, field_validator, model_validator
 
 from lingcode.server.openai_api import GenerationRequest
 from lingcode.server.validation import StrictModel, TokenCount, ToolName, check_tool_choice
-from lingcode.tool_parsers import Tool
-from lingcode.turns import ToolChoice
+from lingcode.agent.tool_parsers import Tool
+from lingcode.pipeline.turns import ToolChoice
 
 
 HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation", "mcp",

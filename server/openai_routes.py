@@ -1,7 +1,7 @@
 """POST /v1/chat/completions and POST /v1/completions: OpenAI's routes on the one served model.
 
 Both run the same way: validate the body, build the prompt's token ids (context checked), then
-stream text through lingcode.generation.generate_text, which handles detokenization, stop strings,
+stream text through lingcode.pipeline.generation.generate_text, which handles detokenization, stop strings,
 usage and timing. A streamed response starts only once the request has its first text, so that
 a full queue (429), a context overflow (400) or an engine failure is still a proper HTTP error; a
 client that leaves while waiting, or mid-stream, has its request dropped or aborted at once.
@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from lingcode.engine import ContextOverflow, EngineError, EngineUnavailable, ModelInfo, SamplingParams
-from lingcode.generation import TextChunk, generate_text
-from lingcode.scheduler import QueueFull, Scheduler
+from lingcode.pipeline.generation import TextChunk, generate_text
+from lingcode.pipeline.scheduler import QueueFull, Scheduler
 from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError
@@ -63,7 +63,7 @@ class OpenAIRoutes:
                           openapi_extra=request_body(CompletionRequest))  # fmt: skip
 
     async def chat(self, request: Request) -> Response:
-        """Chat with tools, reasoning and response formats: a lingcode.turns turn (server/chat_turns.py)."""
+        """Chat with tools, reasoning and response formats: a lingcode.pipeline.turns turn (server/chat_turns.py)."""
         from lingcode.server.chat_turns import chat_turn
 
         body = parse(ChatCompletionRequest, await read_json(request, self.max_body_bytes))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from lingcode.generation import Timing, Usage
+from lingcode.pipeline.generation import Timing, Usage
 
 DONE = "data: [DONE]\n\n"
 
@@ -106,10 +106,10 @@ class ChatShape(Shape):
     def _finish_choice(self, finish_reason: str) -> dict:
         return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
 
-    # --- tool calls and reasoning (lingcode.turns events) ---
+    # --- tool calls and reasoning (lingcode.pipeline.turns events) ---
 
     def turn_response(self, end) -> dict:
-        """The whole response for a finished turn (lingcode.turns.TurnEnd)."""
+        """The whole response for a finished turn (lingcode.pipeline.turns.TurnEnd)."""
         response = self.response(end.content, end.finish_reason, end.usage, end.timing)
         message = response["choices"][0]["message"]
         if end.tool_calls:

@@ -1,4 +1,4 @@
-"""Token-exact agent sessions (lingcode.sessions) over HTTP.
+"""Token-exact agent sessions (lingcode.agent.sessions) over HTTP.
 
     POST   /v1/sessions               create: {messages?, tools?, idle_timeout_s?} -> the session
     GET    /v1/sessions               list open sessions
@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from lingcode.engine import ModelInfo
-from lingcode.families import family_for
-from lingcode.scheduler import Scheduler
+from lingcode.text.families import family_for
+from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server import inputs
 from lingcode.server.body import read_json
 from lingcode.server.chat_turns import chat_sse, json_format
@@ -34,9 +34,9 @@ from lingcode.server.openapi import request_body
 from lingcode.server.responses import ChatShape
 from lingcode.server.turn_runner import constrained, respond
 from lingcode.server.validation import StrictModel, check_unique_tool_names, parse
-from lingcode.sessions import Session, SessionError, SessionStore, commit, turn_prompt
-from lingcode.tool_parsers import Tool
-from lingcode.turns import TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
+from lingcode.agent.sessions import Session, SessionError, SessionStore, commit, turn_prompt
+from lingcode.agent.tool_parsers import Tool
+from lingcode.pipeline.turns import TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
 
 
 class SessionCreateRequest(StrictModel):

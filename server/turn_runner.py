@@ -1,4 +1,4 @@
-"""Running a lingcode.turns turn for any API: the request's inputs, then one response or a stream.
+"""Running a lingcode.pipeline.turns turn for any API: the request's inputs, then one response or a stream.
 
 The same rules as the plain OpenAI routes (server/openai_routes.py): a streamed response starts
 only once the turn has its first event, so a full queue (429), a context overflow or a missing
@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from lingcode.engine import EngineError, ModelInfo, SamplingParams
-from lingcode.grammar import GrammarError, GrammarUnavailable
+from lingcode.agent.grammar import GrammarError, GrammarUnavailable
 from lingcode.server.errors import APIError
 from lingcode.server.openai_routes import as_api_error as _base_api_error
 from lingcode.server.streaming import ClientGone, EventStream, aclose, until_disconnected
-from lingcode.turns import TurnEnd, TurnEvent, TurnSpec, json_constraint, tool_constraint
+from lingcode.pipeline.turns import TurnEnd, TurnEvent, TurnSpec, json_constraint, tool_constraint
 
 
 def as_api_error(exc: BaseException) -> APIError | None:

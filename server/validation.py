@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lingcode.server.errors import APIError, invalid
-from lingcode.turns import ToolChoice
+from lingcode.pipeline.turns import ToolChoice
 
 
 class StrictModel(BaseModel):

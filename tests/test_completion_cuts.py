@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingcode.completion_cuts import CutRules
+from lingcode.completion.cuts import CutRules
 
 
 def cut(prefix: str, suffix: str, generated: str, step: int = 3, **kwargs) -> tuple[str, str | None]:

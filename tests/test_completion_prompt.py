@@ -9,10 +9,10 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from lingcode.completion_prompt import LINE_STRIDE, Budgets, Chunk, CompletionInput, build_prompt, family_for
-from lingcode.tokenizer import Tokenizer
+from lingcode.completion.prompt import LINE_STRIDE, Budgets, Chunk, CompletionInput, build_prompt, family_for
+from lingcode.text.tokenizer import Tokenizer
 
-SOURCE = (Path(__file__).parents[1] / "lingcode" / "scheduler.py").read_text()
+SOURCE = (Path(__file__).parents[1] / "lingcode" / "pipeline" / "scheduler.py").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_code_that_mentions_special_tokens_stays_text(info):
 
 def test_the_prefix_fits_its_budget_from_a_stride_aligned_line(info):
     budgets = Budgets(prefix_tokens=300)
-    prompt = build_prompt(info, CompletionInput(prefix=SOURCE, path="lingcode/scheduler.py"), budgets)
+    prompt = build_prompt(info, CompletionInput(prefix=SOURCE, path="lingcode/pipeline/scheduler.py"), budgets)
     assert 0 < prompt.prefix_tokens <= 300
     assert prompt.prefix_start_line > 0 and prompt.prefix_start_line % LINE_STRIDE == 0
     lines = SOURCE.splitlines(keepends=True)

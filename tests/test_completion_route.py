@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from lingcode.completion_prompt import CompletionInput, build_prompt
+from lingcode.completion.prompt import CompletionInput, build_prompt
 
 ROUTE = "/v1/lingcode/complete"
 PYTHON = 'def greet(name):\n    """Say hello."""\n    return "Hello, " + name\n\n\ndef main():\n    print(greet('

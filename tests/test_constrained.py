@@ -8,10 +8,10 @@ import sys
 
 from fastapi.testclient import TestClient
 
-from lingcode.chat_template import render_chat
+from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
-from lingcode.grammar import constraint
-from lingcode.scheduler import Scheduler
+from lingcode.agent.grammar import constraint
+from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.app import create_app
 
 TOKEN = "test-token"

@@ -7,10 +7,10 @@ from contextlib import aclosing
 
 import pytest
 
-from lingcode.chat_template import TemplateError, render_chat
+from lingcode.text.chat_template import TemplateError, render_chat
 from lingcode.engine import ContextOverflow, SamplingParams
-from lingcode.generation import generate_text
-from lingcode.scheduler import QueueFull, Scheduler
+from lingcode.pipeline.generation import generate_text
+from lingcode.pipeline.scheduler import QueueFull, Scheduler
 
 GREEDY = dict(temperature=0.0)
 

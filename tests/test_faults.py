@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from lingcode.engine.local.engine import PREFILL_CHUNK
-from lingcode.scheduler import Scheduler
+from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.app import create_app
 
 TOKEN = "fault-token"

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from lingcode.chat_template import render_chat
+from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/h200.sh runs these)")
@@ -170,7 +170,7 @@ async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engin
 
     from test_constrained import SCHEMA  # the CPU test's schema
 
-    from lingcode.grammar import constraint
+    from lingcode.agent.grammar import constraint
 
     info = gpu_engine.info
     ids = chat_ids(gpu_engine, "Which language is this project in?")

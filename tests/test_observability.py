@@ -146,7 +146,7 @@ def test_request_ids_in_responses_and_in_the_json_logs(http, daemon):
     access = by_logger["lingcode.access"]
     assert access["route"] == CHAT and access["status"] == 200 and access["method"] == "POST"
     assert access["duration_ms"] > 0 and {"ts", "level", "msg"} <= set(access)
-    generation = by_logger["lingcode.generation"]
+    generation = by_logger["lingcode.pipeline.generation"]
     assert generation["generation_id"] == completion_id and generation["completion_tokens"] == 2
     assert generation["finish_reason"] in ("stop", "length") and generation["ttft_ms"] > 0
     assert any(line.get("request_id") == generated for line in lines)
@@ -156,7 +156,7 @@ def test_request_ids_in_responses_and_in_the_json_logs(http, daemon):
 def test_log_lines_carry_the_request_context_in_both_formats():
     import logging
 
-    from lingcode import metrics
+    from lingcode.pipeline import metrics
     from lingcode.server.logs import JSONFormatter, TextFormatter
 
     record = logging.LogRecord("lingcode.access", logging.INFO, __file__, 1, "GET %s %d", ("/v1/models", 200), None)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
-from lingcode.chat_template import render_chat
+from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
-from lingcode.generation import generate_text
-from lingcode.scheduler import Priority, Scheduler
+from lingcode.pipeline.generation import generate_text
+from lingcode.pipeline.scheduler import Priority, Scheduler
 
 GREEDY = dict(temperature=0.0)
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from lingcode.chat_template import render_chat
+from lingcode.text.chat_template import render_chat
 
 GREEDY = {"temperature": 0}
 CODE_QUESTION = "Write a Python function that reverses a string."

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lingcode.engine import EngineError, SamplingParams, TokenChunk
-from lingcode.scheduler import Scheduler
+from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.app import create_app
 
 TOKEN = "test-token"

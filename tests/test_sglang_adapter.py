@@ -16,10 +16,10 @@ from tokenizers import models, pre_tokenizers
 
 import sglang_wire as wire
 from lingcode.engine import ContextOverflow, EngineError, EngineUnavailable, SamplingParams
-from lingcode.generation import generate_text
-from lingcode.scheduler import Scheduler
-from lingcode.sglang.adapter import SGLangEngine, StreamDecoder, sampling_params
-from lingcode.sglang.model_dir import load_model_info
+from lingcode.pipeline.generation import generate_text
+from lingcode.pipeline.scheduler import Scheduler
+from lingcode.engine.sglang.adapter import SGLangEngine, StreamDecoder, sampling_params
+from lingcode.engine.sglang.model_dir import load_model_info
 
 EOS = 200  # <|role_end|> in the test tokenizer below
 GREEDY = SamplingParams(max_tokens=64, temperature=0.0)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from lingcode.sglang import probe
+from lingcode.engine.sglang import probe
 
 
 def lingcode(*args: str, home, env: dict | None = None) -> subprocess.CompletedProcess:

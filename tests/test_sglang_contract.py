@@ -1,7 +1,7 @@
 """The contract with SGLang 0.5.23, checked against its own code (no GPU needed).
 
 Every launch profile's argv goes through `sglang.srt.server_args.prepare_server_args`, SGLang's
-own parser, in a child process (as lingcode.sglang.probe runs it for `lingcode doctor`), and every
+own parser, in a child process (as lingcode.engine.sglang.probe runs it for `lingcode doctor`), and every
 switch must have taken. The adapter's request body goes through SGLang's /generate schema, and
 the replayed wire format through SGLang's own JSON encoder.
 
@@ -22,9 +22,9 @@ import pytest
 
 import sglang_wire as wire
 from lingcode.engine import SamplingParams
-from lingcode.sglang import probe
-from lingcode.sglang.adapter import sampling_params
-from lingcode.sglang.profiles import SGLANG_VERSION, builtin_profiles, resolve, verify_window
+from lingcode.engine.sglang import probe
+from lingcode.engine.sglang.adapter import sampling_params
+from lingcode.engine.sglang.profiles import SGLANG_VERSION, builtin_profiles, resolve, verify_window
 
 if importlib.util.find_spec("sglang") is None:
     pytest.fail("sglang is not installed: `make test` installs it (pip install --no-deps "

@@ -8,10 +8,10 @@ import sys
 import pytest
 from rich.console import Console
 
-from lingcode.sglang import doctor, preflight
-from lingcode.sglang.engine import open_engine
-from lingcode.sglang.preflight import PreflightError, gpu_problems, parse_nvidia_smi, visible
-from lingcode.sglang.profiles import resolve
+from lingcode.engine.sglang import doctor, preflight
+from lingcode.engine.sglang.engine import open_engine
+from lingcode.engine.sglang.preflight import PreflightError, gpu_problems, parse_nvidia_smi, visible
+from lingcode.engine.sglang.profiles import resolve
 
 # `nvidia-smi --query-gpu=index,uuid,name,compute_cap,memory.total,memory.free,driver_version
 # --format=csv,noheader,nounits` on a 4x B200 workstation (one GPU partly taken) and on an H100 box.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingcode.sglang.profiles import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_config, resolve, to_argv
+from lingcode.engine.sglang.profiles import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_config, resolve, to_argv
 
 
 @pytest.fixture

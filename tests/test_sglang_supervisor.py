@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from lingcode.engine import EngineUnavailable, SamplingParams
-from lingcode.sglang.adapter import SGLangEngine
-from lingcode.sglang.model_dir import load_model_info
-from lingcode.sglang.supervisor import StartupFailed, Supervisor, group_members
+from lingcode.engine.sglang.adapter import SGLangEngine
+from lingcode.engine.sglang.model_dir import load_model_info
+from lingcode.engine.sglang.supervisor import StartupFailed, Supervisor, group_members
 
 STANDIN = Path(__file__).with_name("sglang_standin.py")
 
@@ -135,7 +135,7 @@ def test_a_group_left_by_a_killed_daemon_is_stopped_at_the_next_start(standin, t
     first = make(standin, tmp_path)
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from lingcode.sglang.supervisor import Supervisor
+        from lingcode.engine.sglang.supervisor import Supervisor
         sup = Supervisor({first.command!r}, {first.env!r}, url={first.url!r}, log_file=Path({str(first.log_file)!r}),
                          on_line=lambda line: None)
         sup.start()

@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 import torch
 
-from lingcode.chat_template import render_chat
+from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
 from lingcode.engine.local.speculative import DraftLength, NGramDrafter, verify_greedy, verify_sampled
-from lingcode.generation import generate_text
-from lingcode.scheduler import Scheduler
+from lingcode.pipeline.generation import generate_text
+from lingcode.pipeline.scheduler import Scheduler
 
 CODE = '''def add(a, b):
     return a + b

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lingcode.detokenize import IncrementalDetokenizer
-from lingcode.stops import StopMatcher
+from lingcode.text.detokenize import IncrementalDetokenizer
+from lingcode.text.stops import StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lingcode.families import Reasoning, family_of
-from lingcode.reasoning import ReasoningSplitter
-from lingcode.tool_parsers import CallArgs, CallStart, Text, Tool, make_parser
+from lingcode.text.families import Reasoning, family_of
+from lingcode.agent.reasoning import ReasoningSplitter
+from lingcode.agent.tool_parsers import CallArgs, CallStart, Text, Tool, make_parser
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "tool_streams.json").read_text())
 WEATHER = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}})

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from lingcode.bench import source_commit
-from lingcode.chat_template import render_chat
+from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ class Result:
 
 def _code_sample(lines: int = 40) -> str:
     """Real code to edit or complete: the start of this repository's scheduler."""
-    text = (REPO / "lingcode" / "scheduler.py").read_text()
+    text = (REPO / "lingcode" / "pipeline" / "scheduler.py").read_text()
     return "\n".join(text.splitlines()[:lines]) + "\n"
 
 
@@ -72,7 +72,7 @@ def workload_requests(name: str, tokenizer, chat_template: str, n: int, max_toke
     code = _code_sample()
     if name == "completion":  # plain continuation of a file, repository-style header
         lines = code.splitlines(keepends=True)
-        return [Request(tokenizer.encode(f"<filename>lingcode/scheduler.py\n{''.join(lines[: 15 + 3 * i])}"), max_tokens, True)
+        return [Request(tokenizer.encode(f"<filename>lingcode/pipeline/scheduler.py\n{''.join(lines[: 15 + 3 * i])}"), max_tokens, True)
                 for i in range(n)]  # fmt: skip
     if name == "code-edit":  # the answer copies most of the prompt: where drafting from context shines
         edits = ["Rename the class Scheduler to SlotScheduler", "Rename max_queue to queue_limit",
@@ -295,7 +295,7 @@ def run(args) -> int:
         print(f"lingcode bench: unknown workload {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
         return 2
     if args.engine == "sglang":  # the production engine: launch (or attach to) SGLang as serve does
-        from lingcode.sglang.engine import open_engine
+        from lingcode.engine.sglang.engine import open_engine
 
         started = time.perf_counter()
         engine = open_engine(args.model, engine_url=args.engine_url, profile=args.profile)

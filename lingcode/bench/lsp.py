@@ -32,7 +32,7 @@ GOALS = {"fresh_p50_ms": 150.0, "typed_ahead_p50_ms": 5.0}
 def main(args) -> int:
     import lingcode
 
-    path = (args.file or Path(lingcode.__file__).parent / "scheduler.py").resolve()
+    path = (args.file or Path(lingcode.__file__).parent / "pipeline" / "scheduler.py").resolve()
     if not path.is_file():
         print(f"lingcode bench lsp: {path} is not a file", file=sys.stderr)
         return 2

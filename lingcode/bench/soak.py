@@ -97,7 +97,7 @@ class Soak:
         self.ttfts: list[float] = []
         self.prompt_tokens = self.cached_tokens = 0
         self.history: list[dict] = []
-        self.code = (REPO / "lingcode" / "scheduler.py").read_text().splitlines()
+        self.code = (REPO / "lingcode" / "pipeline" / "scheduler.py").read_text().splitlines()
 
     # --- the load ---------------------------------------------------------------------------
 

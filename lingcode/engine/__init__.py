@@ -1,7 +1,7 @@
 """The Engine interface: what every engine (the embedded "local" torch engine, SGLang) implements.
 
 It is token level on purpose. Chat templates, detokenization, stop strings and tool parsing live
-once, above the engines (lingcode.generation), so each engine only has to turn input ids into
+once, above the engines (lingcode.pipeline.generation), so each engine only has to turn input ids into
 output ids as fast as its hardware allows.
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from lingcode.tokenizer import Tokenizer
+    from lingcode.text.tokenizer import Tokenizer
 
 
 class EngineError(RuntimeError):

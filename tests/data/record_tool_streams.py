@@ -1,6 +1,6 @@
 """Record real tool-call streams from the default model into tool_streams.json (run by hand).
 
-Each record is the text of every streamed chunk, exactly as lingcode.generation.generate_text
+Each record is the text of every streamed chunk, exactly as lingcode.pipeline.generation.generate_text
 yielded it while SmolLM2-135M-Instruct answered, constrained to call the tools (xgrammar), or
 free. The expected calls are read from the whole text by a regex and json.loads, independently of
 the incremental parsers that tests/test_tool_parsers.py then runs over the chunks.
@@ -19,12 +19,12 @@ from pathlib import Path
 from lingcode import models
 from lingcode.engine import SamplingParams
 from lingcode.engine.local import load_engine
-from lingcode.families import family_of
-from lingcode.generation import generate_text
-from lingcode.grammar import constraint
-from lingcode.scheduler import Scheduler
-from lingcode.tool_parsers import Tool, tool_call_grammar
-from lingcode.tool_prompt import render_prompt
+from lingcode.text.families import family_of
+from lingcode.pipeline.generation import generate_text
+from lingcode.agent.grammar import constraint
+from lingcode.pipeline.scheduler import Scheduler
+from lingcode.agent.tool_parsers import Tool, tool_call_grammar
+from lingcode.agent.tool_prompt import render_prompt
 
 WEATHER = Tool("get_weather", "Get the current weather in a city",
                {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lingcode.engine.local.quantized import Q4Weight, q4_from_blocks, q8_from_blocks
-from lingcode.tokenizer import Tokenizer, load_hf_tokenizer_config
+from lingcode.text.tokenizer import Tokenizer, load_hf_tokenizer_config
 
 
 @dataclass(frozen=True)

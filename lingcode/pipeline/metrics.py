@@ -1,6 +1,6 @@
 """What lingcode measures about generation, in Prometheus terms, once for every route and engine.
 
-Every text stream (lingcode.generation.generate_text) passes through observe(), which records its
+Every text stream (lingcode.pipeline.generation.generate_text) passes through observe(), which records its
 outcome when it ends: time to first token and time per output token (histograms), tokens accepted
 per speculative step, and whether it finished, was aborted (its client left, or it was cancelled)
 or failed. Queue depth and the engine's and scheduler's counters are read at scrape time
@@ -26,13 +26,13 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 if TYPE_CHECKING:
-    from lingcode.generation import TextChunk
-    from lingcode.scheduler import Scheduler
+    from lingcode.pipeline.generation import TextChunk
+    from lingcode.pipeline.scheduler import Scheduler
 
 route: ContextVar[str] = ContextVar("lingcode_route", default="none")
 request_id: ContextVar[str | None] = ContextVar("lingcode_request_id", default=None)
 
-log = logging.getLogger("lingcode.generation")
+log = logging.getLogger("lingcode.pipeline.generation")
 
 # Metrics are created unregistered: each app's registry (registry_for) registers them, so that
 # several apps in one process (tests) share the counts without clashing in a global registry.

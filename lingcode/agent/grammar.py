@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import torch
 
-from lingcode.tokenizer import Tokenizer
+from lingcode.text.tokenizer import Tokenizer
 
 
 class GrammarUnavailable(RuntimeError):

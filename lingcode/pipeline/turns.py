@@ -16,11 +16,11 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from lingcode.engine import ModelInfo, SamplingParams, TokenConstraint
-from lingcode.families import Family
-from lingcode.generation import Timing, Usage, generate_text
-from lingcode.reasoning import ReasoningSplitter
-from lingcode.scheduler import Scheduler
-from lingcode.tool_parsers import CallArgs, CallStart, Text, Tool, ToolCall, make_parser, tool_call_grammar
+from lingcode.text.families import Family
+from lingcode.pipeline.generation import Timing, Usage, generate_text
+from lingcode.agent.reasoning import ReasoningSplitter
+from lingcode.pipeline.scheduler import Scheduler
+from lingcode.agent.tool_parsers import CallArgs, CallStart, Text, Tool, ToolCall, make_parser, tool_call_grammar
 
 
 @dataclass
@@ -88,7 +88,7 @@ def tool_constraint(info: ModelInfo, spec: TurnSpec) -> TokenConstraint | None:
     tools = spec.forced_tools()
     if tools is None:
         return None
-    from lingcode.grammar import constraint
+    from lingcode.agent.grammar import constraint
 
     tag = tool_call_grammar(spec.family.tool_parser, tools, spec.parallel_tool_calls)
     return constraint(info.tokenizer, info.eos_token_ids, "structural_tag", tag)
@@ -96,7 +96,7 @@ def tool_constraint(info: ModelInfo, spec: TurnSpec) -> TokenConstraint | None:
 
 def json_constraint(info: ModelInfo, schema: dict | None) -> TokenConstraint:
     """Any JSON object (schema None) or JSON valid against the schema."""
-    from lingcode.grammar import constraint
+    from lingcode.agent.grammar import constraint
 
     if schema is None:
         return constraint(info.tokenizer, info.eos_token_ids, "json")

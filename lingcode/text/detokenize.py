@@ -7,7 +7,7 @@ emit only text that no later token can change.
 
 from __future__ import annotations
 
-from lingcode.tokenizer import Tokenizer
+from lingcode.text.tokenizer import Tokenizer
 
 
 class IncrementalDetokenizer:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from lingcode.sglang import preflight
-from lingcode.sglang.profiles import SGLANG_VERSION, Profile, ProfileError, resolve
+from lingcode.engine.sglang import preflight
+from lingcode.engine.sglang.profiles import SGLANG_VERSION, Profile, ProfileError, resolve
 
 # What sglang 0.5.23's wheel pins (its METADATA): other versions are untested combinations.
 EXPECTED = {"sglang": SGLANG_VERSION, "torch": "2.14.1", "flashinfer": "0.7.2", "sglang_kernel": "0.4.10"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from lingcode.tool_parsers import Event, Tool, ToolParser, _text
+from lingcode.agent.tool_parsers import Event, Tool, ToolParser, _text
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=[^\s"])')
 _HELD = re.compile(r"\s*(\}\s*)?$")  # could still be the end of the outer object

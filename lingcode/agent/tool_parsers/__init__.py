@@ -183,8 +183,8 @@ def _text(text: str) -> list[Event]:
 
 
 def make_parser(name: str, tools: list[Tool]) -> ToolParser:
-    from lingcode.tool_parsers.hermes import HermesParser
-    from lingcode.tool_parsers.ling3 import Ling3Parser
+    from lingcode.agent.tool_parsers.hermes import HermesParser
+    from lingcode.agent.tool_parsers.ling3 import Ling3Parser
 
     parsers = {"hermes": HermesParser, "ling3": Ling3Parser}
     if name not in parsers:
@@ -194,7 +194,7 @@ def make_parser(name: str, tools: list[Tool]) -> ToolParser:
 
 def tool_call_grammar(name: str, tools: list[Tool], parallel: bool) -> dict:
     """An xgrammar structural tag (as a dict) that admits only well-formed calls of these tools."""
-    from lingcode.tool_parsers.hermes import structural_tag as hermes_tag
-    from lingcode.tool_parsers.ling3 import structural_tag as ling3_tag
+    from lingcode.agent.tool_parsers.hermes import structural_tag as hermes_tag
+    from lingcode.agent.tool_parsers.ling3 import structural_tag as ling3_tag
 
     return {"hermes": hermes_tag, "ling3": ling3_tag}[name](tools, parallel)

@@ -18,11 +18,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from lingcode.chat_template import TemplateError
+from lingcode.text.chat_template import TemplateError
 from lingcode.engine import ModelInfo
-from lingcode.families import Family
-from lingcode.tool_parsers import Tool
-from lingcode.tool_prompt import render_prompt
+from lingcode.text.families import Family
+from lingcode.agent.tool_parsers import Tool
+from lingcode.agent.tool_prompt import render_prompt
 
 DEFAULT_IDLE_TIMEOUT_S = 1800.0
 

@@ -13,7 +13,7 @@ costs the next keystroke a wait. So generation stops as soon as one of these say
 - time budget: once the budget is spent, the line being written is the last one.
 
 Trailing blank lines and spaces are never part of a suggestion. CutRules has StopMatcher's shape
-(feed/flush), so lingcode.generation applies it like a stop string: text is released only once no
+(feed/flush), so lingcode.pipeline.generation applies it like a stop string: text is released only once no
 later rule can take it back, and a cut aborts the request in the engine.
 """
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from lingcode.tool_parsers import Event, Tool, ToolParser, _text
+from lingcode.agent.tool_parsers import Event, Tool, ToolParser, _text
 
 _NAME_END = re.compile(r"\n|<arg_key>")
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)

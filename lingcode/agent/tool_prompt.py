@@ -18,10 +18,10 @@ from functools import lru_cache
 import jinja2
 import jinja2.meta
 
-from lingcode.chat_template import render_chat
+from lingcode.text.chat_template import render_chat
 from lingcode.engine import ModelInfo
-from lingcode.families import Family
-from lingcode.tool_parsers import Tool
+from lingcode.text.families import Family
+from lingcode.agent.tool_parsers import Tool
 
 _HERMES_BLOCK = """# Tools
 

@@ -5,7 +5,7 @@ a traceback. Here each is one line that says what to do, and `lingcode serve --e
 exits non-zero on the first. `lingcode doctor` shows all of them at once.
 
 GPUs are listed with `nvidia-smi` (it needs no torch and sees what the driver sees); SGLang's
-interpreter is asked about its packages by lingcode.sglang.probe.
+interpreter is asked about its packages by lingcode.engine.sglang.probe.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from lingcode.engine import EngineStartError
-from lingcode.sglang import probe
-from lingcode.sglang.model_dir import missing_files
-from lingcode.sglang.profiles import SGLANG_VERSION, Profile, config_file
+from lingcode.engine.sglang import probe
+from lingcode.engine.sglang.model_dir import missing_files
+from lingcode.engine.sglang.profiles import SGLANG_VERSION, Profile, config_file
 
 # SGLang 0.5.23 runs on CUDA 13 (torch 2.14.1, flashinfer cu13), which needs an R580+ driver.
 MIN_DRIVER = 580

@@ -9,8 +9,8 @@ is kept for the answer (the tool parser's input).
 
 from __future__ import annotations
 
-from lingcode.families import Reasoning
-from lingcode.tool_parsers import split_at_tag
+from lingcode.text.families import Reasoning
+from lingcode.agent.tool_parsers import split_at_tag
 
 
 class ReasoningSplitter:

@@ -11,12 +11,12 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, Sequence
 
-from lingcode import metrics
-from lingcode.detokenize import IncrementalDetokenizer
+from lingcode.pipeline import metrics
+from lingcode.text.detokenize import IncrementalDetokenizer
 from lingcode.engine import SamplingParams
-from lingcode.scheduler import Priority, Scheduler
-from lingcode.stops import StopMatcher
-from lingcode.tokenizer import Tokenizer
+from lingcode.pipeline.scheduler import Priority, Scheduler
+from lingcode.text.stops import StopMatcher
+from lingcode.text.tokenizer import Tokenizer
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _round(value: float | None) -> float | None:
 
 class TextCut(Protocol):
     """Where a generation's text ends, decided as it streams (StopMatcher is one; the editor
-    completion cut rules, lingcode.completion_cuts, are another)."""
+    completion cut rules, lingcode.completion.cuts, are another)."""
 
     def feed(self, text: str) -> tuple[str, bool]:
         """New text -> (text safe to emit now, whether the text ends here)."""
@@ -95,7 +95,7 @@ def generate_text(
 
     `cut` ends the text where the caller's rule says, after the stop strings; `priority` and
     `latest_wins` go to the scheduler. Every stream's outcome (timings, finish reason, abort,
-    failure) goes to lingcode.metrics.
+    failure) goes to lingcode.pipeline.metrics.
     """
     stream = _text_stream(scheduler, tokenizer, request_id, input_ids, params, stop, cut, priority, latest_wins)
     return metrics.observe(stream, request_id)

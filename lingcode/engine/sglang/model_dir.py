@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from lingcode.engine import ModelInfo
-from lingcode.tokenizer import Tokenizer, load_hf_tokenizer_config
+from lingcode.text.tokenizer import Tokenizer, load_hf_tokenizer_config
 
 REQUIRED = ("config.json", "tokenizer.json")
 DEFAULT_CONTEXT = 131072  # Ling-3.0-flash's native context, when nothing says otherwise

@@ -18,11 +18,11 @@ from typing import Callable
 import httpx
 
 from lingcode import paths
-from lingcode.sglang import preflight, profiles
-from lingcode.sglang.adapter import SGLangEngine
-from lingcode.sglang.model_dir import load_model_info
-from lingcode.sglang.preflight import PreflightError
-from lingcode.sglang.supervisor import StartupFailed, Supervisor
+from lingcode.engine.sglang import preflight, profiles
+from lingcode.engine.sglang.adapter import SGLangEngine
+from lingcode.engine.sglang.model_dir import load_model_info
+from lingcode.engine.sglang.preflight import PreflightError
+from lingcode.engine.sglang.supervisor import StartupFailed, Supervisor
 
 __all__ = ["open_engine", "PreflightError", "StartupFailed"]
 
