@@ -44,6 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         kernels=args.kernels,
         compile=args.compile,
+        speculation=args.speculation,
         max_queue=args.max_queue,
         log_level=args.log_level,
         session_idle_s=args.session_idle,
@@ -266,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torch.compile the local engine's decode step: on 2 CPU cores ~1.6x faster per token "
                             "(bench/results/cpu-2026-11-29.md), for 2-5 minutes of compiling at start (less once "
                             "Inductor's cache is warm); on a GPU, the captured step")
+    serve.add_argument("--speculation", metavar="S", default="ngram",
+                       help="the local engine's drafting: ngram (prompt lookup, the default), off, or early-exit:L")
     serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
     serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,
@@ -385,6 +388,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_soak_arguments(soak)
     soak.set_defaults(func=cmd_bench_soak)
+
+    from lingcode.bench.daemon import add_arguments as add_daemon_arguments
+
+    bench_daemon = benches.add_parser(
+        "daemon", help="what the daemon adds to the engine: per-token ratio, added TTFT, where the time goes",
+        description="The same requests to the engine directly and through a running daemon (SSE, read by httpx), "
+                    "alternating; with --engine sglang, the SGLang adapter against a stand-in at --step-ms per token.",
+    )  # fmt: skip
+    add_daemon_arguments(bench_daemon)
+    bench_daemon.set_defaults(func=cmd_bench)
 
     chat = sub.add_parser("chat", help="chat with the model, or let it work as an agent, in the terminal",
                           description="The terminal chat: streamed Markdown, sessions, slash commands, agent mode. "

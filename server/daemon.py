@@ -218,6 +218,7 @@ def serve(
     log_format: str = "json",
     kernels: str = "auto",
     compile: bool = False,
+    speculation: str = "ngram",
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
 
@@ -226,7 +227,8 @@ def serve(
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
     kernels: the local engine's captured GPU step, "torch", "triton" or "auto". compile: torch.compile the
-    local engine's decode step (CPU: 1.6x faster steps for minutes of compiling at load).
+    local engine's decode step (CPU: 1.6x faster steps for minutes of compiling at load). speculation:
+    the local engine's drafting ("ngram", "off", "early-exit:L").
     """
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
@@ -272,7 +274,8 @@ def serve(
             _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
             from lingcode.engine.local import load_engine
 
-            local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile)
+            local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile,
+                                       speculation=speculation)
     except KeyboardInterrupt:
         _close(sockets, unix_socket)
         return 130

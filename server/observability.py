@@ -28,6 +28,7 @@ from lingcode.pipeline import metrics
 from lingcode.pipeline.scheduler import Scheduler
 
 REQUEST_ID_HEADER = "x-request-id"
+TRACE_HEADER = "x-lingcode-trace"  # asks for `timings.trace`: where the request's time went (lingcode bench daemon)
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 HTTP_REQUESTS = Counter(
@@ -67,6 +68,8 @@ class RequestObserver:
         request_id = sent if _SANE_ID.fullmatch(sent) else f"req-{secrets.token_hex(8)}"
         label = route_label(self.routes, scope)
         id_token, route_token = metrics.request_id.set(request_id), metrics.route.set(label)
+        trace = metrics.Trace(report=TRACE_HEADER in Headers(scope=scope))
+        trace_token = metrics.trace.set(trace)
         status = 500  # if the app raises before answering, Starlette's outermost handler sends a 500
 
         async def send_with_id(message: Message) -> None:
@@ -74,7 +77,9 @@ class RequestObserver:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 MutableHeaders(scope=message).append(REQUEST_ID_HEADER, request_id)
+            sending = time.perf_counter()
             await send(message)
+            trace.add("send", time.perf_counter() - sending)
 
         started = time.perf_counter()
         try:
@@ -91,6 +96,7 @@ class RequestObserver:
             )  # fmt: skip
             metrics.request_id.reset(id_token)
             metrics.route.reset(route_token)
+            metrics.trace.reset(trace_token)
 
 
 def add_metrics_route(app: FastAPI, scheduler: Scheduler) -> None:

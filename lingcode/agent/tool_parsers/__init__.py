@@ -134,8 +134,9 @@ class ToolParser:
             events = self._after_calls(self.buffer)
         else:
             self.body += self.buffer
-            # A call cut off by max_tokens is what arrived of it; a body that named no function, text.
-            events = self._cut_off() if self.started else _text(self.OPEN + self.body)
+            # A call cut off by max_tokens is what arrived of it. Markup of a call that never named its
+            # function is no text: the client would show `<tool_call>{"` as the answer.
+            events = self._cut_off() if self.started else []
         self.buffer, self.body = "", None
         return events
 

@@ -2,8 +2,8 @@
 
 The decode loop runs on one worker thread (torch releases the GIL inside its kernels), so the
 daemon's event loop stays free to accept requests and aborts while a request runs. Tokens go
-back to the loop one chunk per step; an abort is checked between steps, so it takes effect
-within one step.
+back to the loop through a ChunkChannel (what piled up since the loop last looked, as one
+chunk); an abort is checked between steps, so it takes effect within one step.
 
 Prefix reuse: the KV cache keeps the tokens it was last fed. A request whose input starts with
 them prefills only the rest, which is what makes a chat's next turn (or an agent's) cheap.
@@ -23,7 +23,7 @@ from typing import AsyncIterator
 
 import torch
 
-from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
+from lingcode.engine import ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
 from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore, common_prefix
 from lingcode.engine.local.model import Transformer, row_exact_kv_len
@@ -117,16 +117,13 @@ class LocalEngine:
                 f"{len(input_ids)} input tokens leave no room in the model's context of "
                 f"{self.info.context_length} tokens"
             )
-        loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue = asyncio.Queue()
-        req = _Request(request_id, list(input_ids), params, lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c))
+        chunks = ChunkChannel(asyncio.get_running_loop())
+        req = _Request(request_id, list(input_ids), params, chunks.put)
         self._requests[request_id] = req
         done = asyncio.wrap_future(self._worker.submit(self._run, req))
         try:
             while True:
                 chunk = await chunks.get()
-                if isinstance(chunk, BaseException):
-                    raise chunk
                 yield chunk
                 if chunk.finish_reason is not None:
                     break

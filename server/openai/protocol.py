@@ -1,4 +1,5 @@
-"""What a client may send to the OpenAI-compatible routes, validated before any work is queued.
+"""OpenAI's chat and text completions: what a client may send (validated before any work is
+queued) and the parts of the answer both share.
 
 Types are strict (a max_tokens of "5" or true is a 400, not a guess) and ranges are OpenAI's.
 Fields this server does not implement are accepted only at their neutral value (n=1, no
@@ -17,7 +18,9 @@ from pydantic import Field, field_validator, model_validator
 from lingcode.server.validation import (StrictModel, TokenCount, ToolName, TopP, check_tool_choice,
                                         check_unique_tool_names)  # fmt: skip
 from lingcode.agent.tool_parsers import Tool
+from lingcode.pipeline.generation import Usage
 from lingcode.pipeline.turns import ToolChoice
+from lingcode.server.serving import Sampling
 
 MAX_STOP_STRINGS = 4
 
@@ -139,6 +142,9 @@ class GenerationRequest(StrictModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def sampling(self) -> Sampling:
+        return Sampling(self.max_tokens, self.temperature, self.top_p, self.top_k, self.seed, self.ignore_eos)
+
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
@@ -257,3 +263,21 @@ class CompletionRequest(GenerationRequest):
         if value is not None:
             raise ValueError("logprobs are not supported by this server")
         return value
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def json_format(fmt: ResponseFormat | None) -> tuple[str, dict | None] | None:
+    """A response_format as the pipeline's grammar request: None, ("json", None), ("json_schema", schema)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return ("json", None)
+    return ("json_schema", fmt.json_schema.schema_)

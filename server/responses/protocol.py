@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lingcode.server.openai_api import GenerationRequest
+from lingcode.server.openai.protocol import GenerationRequest
 from lingcode.server.validation import StrictModel, TokenCount, ToolName, check_tool_choice
 from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.turns import ToolChoice
