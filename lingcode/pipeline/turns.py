@@ -6,7 +6,9 @@ runs its generation through run_turn() and only shapes the events for its wire f
     Reasoning(text)  Content(text)  CallStart(index, id, name)  CallArgs(index, fragment)  ...  TurnEnd
 
 The last event, TurnEnd, also carries the whole turn (content, reasoning, tool calls, usage,
-timing, the generated token ids), so a non-streamed response is the same turn, folded.
+timing, the generated token ids), so a non-streamed response is the same turn, folded; except
+that where a family gives output that is all reasoning as the answer (Ling-3.0), TurnEnd has it
+as the content alone, while the stream had it as reasoning and then as content (as SGLang does).
 """
 
 from __future__ import annotations
@@ -124,8 +126,8 @@ async def run_turn(
         parsed = parser.feed(answer) if parser else ([Text(answer)] if answer else [])
         return events + [Content(e.text) if isinstance(e, Text) else e for e in parsed]
 
-    def finish() -> list[TurnEvent]:
-        events = split(*splitter.finish()) if splitter else []
+    def finish(complete: bool) -> list[TurnEvent]:
+        events = split(*splitter.finish(complete)) if splitter else []
         if parser:
             events += [Content(e.text) if isinstance(e, Text) else e for e in parser.finish()]
         return events
@@ -134,7 +136,7 @@ async def run_turn(
         async for chunk in chunks:
             events = split(*splitter.feed(chunk.text)) if splitter else split("", chunk.text)
             if chunk.finish_reason is not None:
-                events += finish()
+                events += finish(chunk.finish_reason != "abort")
             for event in events:
                 if isinstance(event, Content):
                     content.append(event.text)
@@ -146,9 +148,11 @@ async def run_turn(
                 finish_reason = chunk.finish_reason
                 if calls and finish_reason == "stop":
                     finish_reason = "tool_calls"
-                text = "".join(content)
+                text, reasoning = "".join(content), "".join(thought)
                 if calls and not text.strip():
                     text = ""  # only the separators around the calls
-                yield TurnEnd(finish_reason, text, "".join(thought), calls, chunk.usage, chunk.timing,
+                if splitter and splitter.answer_is_reasoning:  # the whole reply's view (see agent/reasoning.py)
+                    text, reasoning = splitter.reasoning, ""
+                yield TurnEnd(finish_reason, text, reasoning, calls, chunk.usage, chunk.timing,
                               chunk.output_ids or [], chunk.stop_string)  # fmt: skip
                 return
