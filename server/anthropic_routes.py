@@ -58,7 +58,7 @@ class AnthropicRoutes:
             messages = body.chat_messages()
         except ValueError as exc:
             raise invalid(f"messages: {exc}", param="messages") from None
-        return inputs.chat_prompt(self.info, messages, body.tool_list(), self.family)
+        return inputs.chat_prompt(self.info, messages, body.tool_list(), self.family, template_kwargs=body.template_variables())
 
     async def count_tokens(self, request: Request) -> dict:
         body = parse(CountTokensRequest, await read_json(request, self.max_body_bytes))

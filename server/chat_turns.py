@@ -32,7 +32,8 @@ async def chat_turn(request: Request, scheduler: Scheduler, info: ModelInfo, mod
                     body: ChatCompletionRequest) -> Response:  # fmt: skip
     family = family_for(info)
     tools = body.tool_list()
-    prompt = inputs.chat_prompt(info, [m.for_template() for m in body.messages], tools, family)
+    prompt = inputs.chat_prompt(info, [m.for_template() for m in body.messages], tools, family,
+                                template_kwargs=body.template_variables())  # fmt: skip
     input_ids = info.tokenizer.encode(prompt)
     params = inputs.sampling_params(info, body, len(input_ids), "messages")
     spec = TurnSpec(family, tuple(tools), body.choice(), body.parallel_tool_calls is not False,

@@ -17,10 +17,10 @@ from lingcode.agent.tool_prompt import render_prompt
 
 
 def chat_prompt(info: ModelInfo, messages: list[dict], tools: list[Tool] = (), family: Family | None = None,
-                param: str = "messages") -> str:  # fmt: skip
+                param: str = "messages", template_kwargs: dict | None = None) -> str:  # fmt: skip
     """The model's chat template over the messages (and tools), ending with the assistant's turn."""
     try:
-        return render_prompt(info, family or family_for(info), messages, list(tools))
+        return render_prompt(info, family or family_for(info), messages, list(tools), template_kwargs=template_kwargs)
     except TemplateError as exc:
         raise invalid(str(exc), param=param) from None
 

@@ -57,7 +57,8 @@ class ResponsesRoutes:
         except ValueError as exc:
             raise invalid(str(exc), param="input") from None
         tools = body.tool_list()
-        prompt = inputs.chat_prompt(self.info, messages, tools, self.family, param="input")
+        prompt = inputs.chat_prompt(self.info, messages, tools, self.family, param="input",
+                                    template_kwargs=body.template_variables())  # fmt: skip
         input_ids = self.info.tokenizer.encode(prompt)
         params = inputs.sampling_params(self.info, body, len(input_ids), "input")
         spec = TurnSpec(self.family, tuple(tools), body.choice(), body.parallel_tool_calls is not False,
@@ -108,7 +109,7 @@ class ResponseShape:
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
             "incomplete_details": None, "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "model": self.model, "output": output, "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+            "previous_response_id": None, "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None}, "store": False,
             "temperature": body.temperature if body.temperature is not None else 1.0, "text": {"format": fmt},
             "tool_choice": choice, "tools": [t.model_dump(exclude_none=True, exclude={"namespace"}) for t in body.tools or []],
             "top_p": body.top_p if body.top_p is not None else 1.0, "truncation": "disabled", "usage": None,
