@@ -181,7 +181,7 @@ class Serving:
 
         def render() -> tuple[list[int], str]:
             try:
-                text = render_prompt(self.info, self.family, messages, list(tools), **(template_kwargs or {}))
+                text = render_prompt(self.info, self.family, messages, list(tools), template_kwargs=template_kwargs)
             except TemplateError as exc:
                 raise invalid(str(exc), param=param) from None
             return self.info.tokenizer.encode(text), text

@@ -10,7 +10,9 @@ run_turn() yields one list of events per text chunk, and a chunk is whatever the
 since the reader last looked (often several steps' tokens at GPU speed): so the parsers run once
 per chunk and an API writes one SSE frame per list. The last list ends with TurnEnd, which also
 carries the whole turn (content, reasoning, tool calls, usage, timing, the generated token ids),
-so a non-streamed response is the same turn, folded.
+so a non-streamed response is the same turn, folded; except that where a family gives output
+that is all reasoning as the answer (Ling-3.0), TurnEnd has it as the content alone, while the
+stream had it as reasoning and then as content (as SGLang does).
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ async def run_turn(scheduler: Scheduler, info: ModelInfo, turn: Turn) -> AsyncIt
                 finish_reason = "stop"  # the model began a call it had already made: the turn is over
             if finish_reason is not None:
                 if splitter:
-                    events += read(*splitter.finish())
+                    events += read(*splitter.finish(finish_reason != "abort"))
                 if parser:
                     events += parser.finish()
             for event in events:
@@ -185,11 +187,12 @@ async def run_turn(scheduler: Scheduler, info: ModelInfo, turn: Turn) -> AsyncIt
             calls = parser.calls if parser else []
             if calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
-            answer = "".join(content)
+            answer, reasoning = "".join(content), "".join(thought)
             if calls and not answer.strip():
                 answer = ""  # only the separators around the calls
-            usage = chunk.usage
-            events.append(TurnEnd(finish_reason, answer, "".join(thought), calls, usage, chunk.timing,
+            if splitter and splitter.answer_is_reasoning:  # the whole reply's view (see agent/reasoning.py)
+                answer, reasoning = splitter.reasoning, ""
+            events.append(TurnEnd(finish_reason, answer, reasoning, calls, chunk.usage, chunk.timing,
                                   chunk.output_ids or [], chunk.stop_string))  # fmt: skip
             yield events
             return

@@ -21,6 +21,7 @@ class Reasoning:
     start: str
     end: str
     also_ends_at: tuple[str, ...] = ()
+    nonempty_content: bool = False  # output that is all reasoning is also the answer (lingcode.agent.reasoning)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ def families() -> tuple[Family, ...]:
             name=name,
             match=tuple(entry.get("match", ())),
             tool_parser=entry.get("tool_parser", "hermes"),
-            reasoning=Reasoning(reasoning["start"], reasoning["end"], tuple(reasoning.get("also_ends_at", ())))
-            if reasoning else None,
+            reasoning=Reasoning(reasoning["start"], reasoning["end"], tuple(reasoning.get("also_ends_at", ())),
+                                reasoning.get("nonempty_content", False)) if reasoning else None,
             fim=dict(entry["fim"]) if entry.get("fim") else None,
             repo_header=completion.get("repo"),
             file_header=completion.get("file"),

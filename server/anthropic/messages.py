@@ -48,7 +48,7 @@ class MessagesServing(Serving):
             messages = body.chat_messages()
         except ValueError as exc:
             raise invalid(f"messages: {exc}", param="messages") from None
-        return await self.prompt_ids(messages, body.tool_list())
+        return await self.prompt_ids(messages, body.tool_list(), template_kwargs=body.template_variables())
 
     async def count_tokens(self, request: Request) -> dict:
         body = parse(CountTokensRequest, await read_json(request, self.max_body_bytes))

@@ -26,7 +26,8 @@ class ChatServing(Serving):
 
     async def prepare(self, body: ChatCompletionRequest, request: Request) -> Prepared:
         tools = body.tool_list()
-        input_ids, prompt = await self.prompt_ids([m.for_template() for m in body.messages], tools)
+        input_ids, prompt = await self.prompt_ids([m.for_template() for m in body.messages], tools,
+                                                   template_kwargs=body.template_variables())  # fmt: skip
         params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "messages")
         spec = self.turn_spec(tools, body.choice(), body.parallel_tool_calls is not False, prompt)
         shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())

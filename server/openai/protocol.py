@@ -11,18 +11,22 @@ parse() and the rules other APIs share are in server/validation.py.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from lingcode.server.validation import (StrictModel, TokenCount, ToolName, TopP, check_tool_choice,
                                         check_unique_tool_names)  # fmt: skip
+from lingcode.agent.thinking import Thinking, check_template_kwargs
 from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.generation import Usage
 from lingcode.pipeline.turns import ToolChoice
 from lingcode.server.serving import Sampling
 
 MAX_STOP_STRINGS = 4
+# Chat template variables (enable_thinking, ...), as SGLang's server takes them: lingcode.agent.thinking
+TemplateKwargs = Annotated[dict[str, Any], AfterValidator(check_template_kwargs)]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class TextPart(StrictModel):
@@ -197,6 +201,11 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    def template_variables(self) -> dict[str, Any]:
+        return Thinking(effort=self.reasoning_effort, template_kwargs=self.chat_template_kwargs or {}).template_variables()
 
     @field_validator("logprobs", "top_logprobs")
     @classmethod

@@ -38,7 +38,8 @@ class ResponsesServing(Serving):
         except ValueError as exc:
             raise invalid(str(exc), param="input") from None
         tools = body.tool_list()
-        input_ids, prompt = await self.prompt_ids(messages, tools, param="input")
+        input_ids, prompt = await self.prompt_ids(messages, tools, param="input",
+                                                   template_kwargs=body.template_variables())  # fmt: skip
         params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "input")
         spec = self.turn_spec(tools, body.choice(), body.parallel_tool_calls is not False, prompt)
         shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
@@ -89,7 +90,8 @@ class ResponseShape(Shape):
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
             "incomplete_details": None, "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "model": self.model, "output": output, "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
+            "previous_response_id": None, "store": False,
+            "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
             "temperature": body.temperature if body.temperature is not None else 1.0, "text": {"format": fmt},
             "tool_choice": choice, "tools": [t.model_dump(exclude_none=True, exclude={"namespace"}) for t in body.tools or []],
             "top_p": body.top_p if body.top_p is not None else 1.0, "truncation": "disabled", "usage": None,
