@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from lingcode.text.detokenize import IncrementalDetokenizer
-from lingcode.text.stops import StopMatcher
+from lingcode.pipeline.generation import IncrementalDetokenizer, StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:

@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, Sequence
 
 from lingcode.pipeline import metrics
-from lingcode.text.detokenize import IncrementalDetokenizer
 from lingcode.engine import SamplingParams
 from lingcode.pipeline.scheduler import Priority, Scheduler
-from lingcode.text.stops import StopMatcher
 from lingcode.text.tokenizer import Tokenizer
 
 
@@ -71,6 +69,81 @@ class TextCut(Protocol):
 
     def flush(self) -> str:
         """At the end of the generation: what was held back."""
+
+
+# --- detokenizing ------------------------------------------------------------------------------
+# Byte-level BPE tokens can split a character (an emoji, a CJK character) across tokens. Decoding
+# token by token would emit U+FFFD replacement characters; instead a short window is decoded and
+# only text that no later token can change is emitted.
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Tokenizer, skip_ids: frozenset[int] = frozenset()):
+        self.tokenizer = tokenizer
+        self.skip_ids = skip_ids  # e.g. the eos token: ends the text, is not part of it
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # ids[prefix_offset:read_offset] are context already emitted
+        self.read_offset = 0
+
+    def add(self, token_ids: list[int]) -> str:
+        """Feed new ids, get the text they completed ("" while a character is still partial)."""
+        self.ids.extend(t for t in token_ids if t not in self.skip_ids)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return text[len(prefix) :]
+        return ""
+
+    def flush(self) -> str:
+        """At the end of a generation: whatever is left, replacement characters and all."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix) :]
+
+
+# --- stop strings ------------------------------------------------------------------------------
+# Cut at the first stop string, and hold back only what could be the start of one.
+
+
+class StopMatcher:
+    def __init__(self, stops: list[str] | tuple[str, ...]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""  # text held back because it could be the start of a stop string
+        self.hit: str | None = None  # the stop string that ended the text, once one has
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """New text -> (text safe to emit now, whether a stop string was hit)."""
+        if not self.stops:
+            return text, False
+        buffer = self.pending + text
+        hits = [(i, s) for s in self.stops if (i := buffer.find(s)) >= 0]
+        if hits:
+            self.pending = ""
+            at, self.hit = min(hits)
+            return buffer[:at], True
+        keep = self._partial_tail(buffer)
+        self.pending = buffer[len(buffer) - keep :] if keep else ""
+        return buffer[: len(buffer) - keep], False
+
+    def flush(self) -> str:
+        text, self.pending = self.pending, ""
+        return text
+
+    def _partial_tail(self, buffer: str) -> int:
+        """Length of the longest suffix of buffer that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(buffer)), longest, -1):
+                if buffer.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest
+
+
+# --- the text stream ---------------------------------------------------------------------------
 
 
 @dataclass
