@@ -36,6 +36,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGTERM
 
 
+SWITCH_INTERVAL_MS = 5.0  # Python's default; see serve()
+
+
 def _say(message: str) -> None:
     print(message, flush=True)
 
@@ -297,6 +300,11 @@ def serve(
     from lingcode.server.app import create_app
 
     log_config = logs.configure(log_level, log_format)
+    # The engine's worker thread and the event loop share the GIL. A thread that wants it waits
+    # until the holder reaches a switch point, by default up to 5 ms: the engine's Python between
+    # two GPU steps could then wait behind a whole burst of the loop's work. A short interval bounds
+    # that wait (LINGCODE_SWITCH_INTERVAL_MS overrides it, for `lingcode bench daemon`).
+    sys.setswitchinterval(float(os.environ.get("LINGCODE_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS)) / 1e3)
 
     scheduler = Scheduler(local_engine, max_queue=max_queue)
     app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,

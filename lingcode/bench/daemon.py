@@ -166,8 +166,8 @@ def _free_port() -> int:
 class Daemon:
     """`lingcode serve --port 0` in a process of its own, under a private LINGCODE_HOME."""
 
-    def __init__(self, serve_args: list[str], home: Path):
-        env = {**os.environ, "LINGCODE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    def __init__(self, serve_args: list[str], home: Path, extra_env: dict[str, str] | None = None):
+        env = {**os.environ, "LINGCODE_HOME": str(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         self.log = open(home / "serve.log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "lingcode", "serve", "--port", "0", *serve_args],
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
@@ -219,6 +219,7 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
 
     samples: list[Sample] = []
     gguf = models.ensure(args.model)
+    serve_env = dict(item.split("=", 1) for item in args.serve_env)
     workloads = [w for w in args.workload.split(",") if w]
     for speculation in args.speculation.split(","):
         home = Path(tempfile.mkdtemp(prefix="lingcode-bench-daemon-"))
@@ -239,7 +240,7 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
                         break
                     except httpx.HTTPError:
                         time.sleep(0.1)
-                daemon = Daemon(["--engine", "sglang", "--engine-url", engine_url, "--model", str(model_dir)], home)
+                daemon = Daemon(["--engine", "sglang", "--engine-url", engine_url, "--model", str(model_dir)], home, serve_env)
                 from lingcode.engine.sglang.model_dir import load_model_info
 
                 info = load_model_info(model_dir)
@@ -250,7 +251,7 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
                 serve_args = ["--device", args.device, "--speculation", speculation, "--model", str(gguf)]
                 if args.kernels != "auto":
                     serve_args += ["--kernels", args.kernels]
-                daemon = Daemon(serve_args, home)
+                daemon = Daemon(serve_args, home, serve_env)
                 engine = load_engine(gguf, device=args.device, speculation=speculation, kernels=args.kernels)
                 info = engine.info
             headers = {"Authorization": f"Bearer {daemon.token}"}
@@ -362,6 +363,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=3, help="measured requests per workload and side (default: 3)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request (ignore_eos; default: 256)")
     parser.add_argument("--step-ms", type=float, default=0.78, help="the SGLang stand-in's time per token (default: 0.78)")
+    parser.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)")
     parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
                         help="write PREFIX.json and PREFIX.md (default: print only)")  # fmt: skip
 
@@ -369,7 +372,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     samples = asyncio.run(_run(args))
     report = {
-        "engine": args.engine if args.engine == "local" else f"sglang stand-in, {args.step_ms} ms/token",
+        "engine": (args.engine if args.engine == "local" else f"sglang stand-in, {args.step_ms} ms/token")
+                  + "".join(f", {e}" for e in args.serve_env),
         "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
         "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, loadavg {os.getloadavg()}",
