@@ -358,9 +358,10 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
 
     # access_log off: lingcode.access (server/observability.py) logs each request with its id.
     # proxy_headers off: nothing sits in front of the daemon, so X-Forwarded-For is never believed.
+    # http "auto": httptools (C) parses requests where it is installed, else h11.
     config = uvicorn.Config(
         app, log_config=log_config, log_level=log_level, access_log=False, proxy_headers=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, http="auto",
     )  # fmt: skip
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with
@@ -369,7 +370,8 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
     stop_signals = (signal.SIGINT, signal.SIGTERM) if in_main_thread else ()
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in stop_signals}
     try:
-        asyncio.run(_serve_until_stopped(server, sockets, scheduler, ready))
+        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+            runner.run(_serve_until_stopped(server, sockets, scheduler, ready))
     except SystemExit as exc:  # uvicorn's startup failure
         return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     finally:
@@ -377,6 +379,20 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
             signal.signal(sig, handler)
     _say("lingcode: stopped")
     return EXIT_OK
+
+
+def _event_loop_factory():
+    """uvloop where it is installed (not on Windows): its loop wakes, reads and writes sockets in C,
+    which is per-request and per-chunk time the daemon adds; LINGCODE_EVENT_LOOP=asyncio for the
+    standard loop (lingcode bench daemon compares them)."""
+    if os.environ.get("LINGCODE_EVENT_LOOP", "uvloop") == "uvloop":
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop
+        except ImportError:
+            pass
+    return None
 
 
 async def _serve_until_stopped(server, sockets: list[socket.socket], scheduler, ready) -> None:

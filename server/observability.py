@@ -77,6 +77,8 @@ class RequestObserver:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 MutableHeaders(scope=message).append(REQUEST_ID_HEADER, request_id)
+            elif message["type"] == "http.response.body" and message.get("body"):
+                trace.mark("until_first_body")
             sending = time.perf_counter()
             await send(message)
             trace.add("send", time.perf_counter() - sending)

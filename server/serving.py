@@ -146,6 +146,7 @@ class Serving:
 
     async def handle(self, request: Request) -> Response:
         trace = metrics.trace.get() or metrics.Trace()
+        trace.mark("until_handler")  # HTTP parsing, the middlewares, routing
         clock = time.perf_counter
         # 1. read and validate the body
         started = clock()

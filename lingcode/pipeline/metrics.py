@@ -39,15 +39,21 @@ class Trace:
     """Where one request's time went inside the daemon: seconds per stage, and the event loop's CPU
     time (thread_time on the loop thread) from the request's start to its last report."""
 
-    __slots__ = ("stages", "report", "_cpu_start")
+    __slots__ = ("stages", "report", "started", "_cpu_start")
 
     def __init__(self, report: bool = False):
         self.stages: dict[str, float] = {}
         self.report = report  # the client asked to see it (in `timings.trace`)
+        self.started = time.perf_counter()
         self._cpu_start = time.thread_time()
 
     def add(self, stage: str, seconds: float) -> None:
         self.stages[stage] = self.stages.get(stage, 0.0) + seconds
+
+    def mark(self, point: str) -> None:
+        """The time from the request's arrival to `point`, the first time it is reached."""
+        if point not in self.stages:
+            self.stages[point] = time.perf_counter() - self.started
 
     def as_dict(self) -> dict[str, float]:
         ms = {stage: round(seconds * 1e3, 3) for stage, seconds in self.stages.items()}
