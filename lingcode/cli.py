@@ -19,6 +19,7 @@ from lingcode import __version__, models, paths
 from lingcode.engine import EngineStartError
 
 EXIT_USAGE = 2
+DOCTOR_WIDTH = 100  # fits a bug report, a terminal, a narrow editor pane
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -134,14 +135,33 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Print what a bug report needs. Exit 1 if something that `serve` needs is missing."""
+    """Print what a bug report needs, within 100 columns, each line as soon as it is known (torch,
+    slow to import, last). Exit 1 if something that `serve` needs is missing."""
     ok = True
 
     def line(key: str, value: object) -> None:
-        print(f"{key + ':':<16}{value}")
+        print(f"{key + ':':<16}{value}", flush=True)
 
     line("lingcode", f"{__version__} ({Path(__file__).parent})")
     line("python", f"{platform.python_version()} ({sys.executable})")
+    home = os.environ.get("LINGCODE_HOME")
+    line("LINGCODE_HOME", home or "(not set)")
+    for name in ("config", "state", "cache", "data", "models"):
+        line(f"{name} dir", getattr(paths, f"{name}_dir")())
+    line("kernels dir", paths.native_dir())
+    line("token file", f"{paths.token_file().name} in the config dir ({'present' if paths.token_file().exists() else 'not created yet'})")
+
+    entry = models.lookup(models.DEFAULT_MODEL)
+    if not entry.is_pulled():
+        ok = False
+        line("default model", f"{entry.name}: NOT PULLED (run `lingcode pull`)")
+    elif models.sha256_file(entry.path) != entry.sha256:
+        ok = False
+        line("default model", f"{entry.name}: SHA256 MISMATCH (delete it, then `lingcode pull` again)")
+    else:
+        line("default model", f"{entry.name}: pulled, sha256 ok (in the models dir)")
+
+    line("daemon", _daemon_status())
     try:
         import torch
     except ImportError as e:
@@ -151,30 +171,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("torch", torch.__version__)
         line("devices", ", ".join(_devices(torch)))
 
-    home = os.environ.get("LINGCODE_HOME")
-    line("LINGCODE_HOME", home or "(not set)")
-    for name in ("config", "state", "cache", "data", "models"):
-        line(f"{name} dir", getattr(paths, f"{name}_dir")())
-    line("token file", f"{paths.token_file()} ({'present' if paths.token_file().exists() else 'not created yet'})")
-
-    entry = models.lookup(models.DEFAULT_MODEL)
-    if not entry.is_pulled():
-        ok = False
-        line("default model", f"{entry.name}: NOT PULLED (run `lingcode pull`)")
-    elif models.sha256_file(entry.path) != entry.sha256:
-        ok = False
-        line("default model", f"{entry.name}: SHA256 MISMATCH at {entry.path} (run `lingcode pull` again after deleting it)")
-    else:
-        line("default model", f"{entry.name}: pulled, sha256 ok ({entry.path})")
-
-    line("daemon", _daemon_status())
-
     # The SGLang engine: informational (serve's default engine is the local one), exit code unchanged.
     from rich.console import Console
 
     from lingcode.engine.sglang import doctor as sglang_doctor
 
-    sglang_doctor.print_report(Console(width=None if sys.stdout.isatty() else 200), args.profile)
+    sglang_doctor.print_report(Console(width=DOCTOR_WIDTH), args.profile)
     return 0 if ok else 1
 
 
@@ -199,7 +201,7 @@ def _daemon_status() -> str:
     """Whether daemon.json exists, and whether the daemon it points at answers /health."""
     daemon_file = paths.daemon_file()
     if not daemon_file.exists():
-        return f"not running (no {daemon_file})"
+        return f"not running (no {daemon_file.name} in the state dir)"
     try:
         info = json.loads(daemon_file.read_text())
         url = info["url"].rstrip("/")
@@ -210,8 +212,8 @@ def _daemon_status() -> str:
     try:
         response = httpx.get(f"{url}/health", timeout=2.0)
     except httpx.HTTPError as e:
-        return f"{daemon_file} names {url}, but /health does not answer ({type(e).__name__}); stale file?"
-    return f"{url} (pid {info.get('pid')}): /health {response.status_code} {response.text.strip()[:200]}"
+        return f"daemon.json names {url}, but /health does not answer ({type(e).__name__}): stale file?"
+    return f"{url} (pid {info.get('pid')}): /health {response.status_code} {response.text.strip()[:40]}"
 
 
 def _port(text: str) -> int:

@@ -112,3 +112,21 @@ def test_doctor_reports_a_stale_daemon_file(tmp_path):
     (tmp_path / "state" / "daemon.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": 1}))
     result = lingcode("doctor", home=tmp_path)
     assert "does not answer" in result.stdout
+
+
+def test_doctor_fits_100_columns(tmp_path):
+    result = lingcode("doctor", home=tmp_path)
+    assert "SGLang engine" in result.stdout and "kernels dir" in result.stdout
+    wide = [line for line in result.stdout.splitlines() if len(line) > 100]
+    assert not wide, wide
+
+
+@pytest.mark.parametrize("args", [["--help"], ["models"], ["sglang-args"], ["lsp", "--help"], ["pull"], ["bench", "--help"]])
+def test_commands_that_run_no_model_import_no_torch(model_path, args):
+    """What makes them print at once (`lingcode bench startup` times it): torch alone takes seconds."""
+    script = ("import sys\nfrom lingcode import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              "print(sorted(m for m in ('torch', 'numpy', 'fastapi', 'textual', 'pygls', 'jinja2') if m in sys.modules),"
+              " file=sys.stderr)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
+    assert result.stdout, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]", result.stderr
