@@ -366,6 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write the table (.md) and every keystroke (.json) under DIR, e.g. bench/results")
     bench_lsp.set_defaults(func=cmd_bench)
 
+    bench_startup = benches.add_parser(
+        "startup", help="time to first output of each command, and of the LSP's initialize, in fresh processes",
+        description="Runs the commands that load no model (--help, models, doctor, sglang-args, lsp --help, pull) "
+                    "and `lingcode lsp` (initialize) in fresh processes, in turns; medians of --runs.",
+    )  # fmt: skip
+    bench_startup.add_argument("--runs", type=_positive, default=7, help="runs per command (default: 7)")
+    bench_startup.add_argument("--out", default=None, metavar="PATH",
+                               help="write PATH.json and PATH.md, e.g. bench/results/startup-DATE")
+    bench_startup.set_defaults(func=cmd_bench)
+
     bench_agent = benches.add_parser("agent", help="a tool loop: TTFT per turn, session API vs stateless API",
                                        description="A scripted tool loop; time to first token per turn against context "
                                                    "length, through the session API and the stateless chat API.")
