@@ -376,6 +376,16 @@ def build_parser() -> argparse.ArgumentParser:
                                help="write PATH.json and PATH.md, e.g. bench/results/startup-DATE")
     bench_startup.set_defaults(func=cmd_bench)
 
+    bench_grammar = benches.add_parser(
+        "grammar", help="constrained decoding: compile time and per-token mask cost, llguidance vs xgrammar",
+        description="Compiles the forced-tool-call grammars of opencode's, Claude Code's and Codex CLI's tool sets and "
+                    "a JSON response format, feeds a real call through each (a mask per token), then compiles "
+                    "pathological schemas in child processes with a time limit. xgrammar only where installed.",
+    )  # fmt: skip
+    bench_grammar.add_argument("--out", default=None, metavar="PATH", help="write PATH.json and PATH.md")
+    bench_grammar.add_argument("--pathological-child", default=None, help=argparse.SUPPRESS)
+    bench_grammar.set_defaults(func=cmd_bench)
+
     bench_agent = benches.add_parser("agent", help="a tool loop: TTFT per turn, session API vs stateless API",
                                        description="A scripted tool loop; time to first token per turn against context "
                                                    "length, through the session API and the stateless chat API.")

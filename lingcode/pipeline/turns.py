@@ -84,14 +84,14 @@ def starts_in_reasoning(family: Family, prompt: str) -> bool:
 
 
 def tool_constraint(info: ModelInfo, spec: TurnSpec) -> TokenConstraint | None:
-    """An xgrammar constraint for required / named tool choice; None when the model chooses freely."""
+    """A grammar constraint for required / named tool choice; None when the model chooses freely."""
     tools = spec.forced_tools()
     if tools is None:
         return None
     from lingcode.agent.grammar import constraint
 
-    tag = tool_call_grammar(spec.family.tool_parser, tools, spec.parallel_tool_calls)
-    return constraint(info.tokenizer, info.eos_token_ids, "structural_tag", tag)
+    grammar = tool_call_grammar(spec.family.tool_parser, tools, spec.parallel_tool_calls)
+    return constraint(info.tokenizer, info.eos_token_ids, "lark", grammar)
 
 
 def json_constraint(info: ModelInfo, schema: dict | None) -> TokenConstraint:
