@@ -376,6 +376,17 @@ def build_parser() -> argparse.ArgumentParser:
                                help="write PATH.json and PATH.md, e.g. bench/results/startup-DATE")
     bench_startup.set_defaults(func=cmd_bench)
 
+    bench_load = benches.add_parser(
+        "load", help="a fresh daemon's time to ready and to its first token, prepared-model cache cold and warm",
+        description="Starts `lingcode serve --device cpu` in a temporary LINGCODE_HOME (sharing the built kernels), "
+                    "times it to /health and to a one-token completion, with the prepared-model cache emptied "
+                    "(cold) and kept (warm), alternating; medians of --runs.",
+    )  # fmt: skip
+    bench_load.add_argument("--runs", type=_positive, default=3, help="runs per cache state (default: 3)")
+    bench_load.add_argument("--model", default=None, help="model to serve (default: the default model)")
+    bench_load.add_argument("--out", default=None, metavar="PATH", help="write PATH.json and PATH.md")
+    bench_load.set_defaults(func=cmd_bench)
+
     bench_grammar = benches.add_parser(
         "grammar", help="constrained decoding: compile time and per-token mask cost, llguidance vs xgrammar",
         description="Compiles the forced-tool-call grammars of opencode's, Claude Code's and Codex CLI's tool sets and "
