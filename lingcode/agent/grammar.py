@@ -125,8 +125,8 @@ class GrammarConstraint:
         if logits.device.type == "cpu" and logits.dtype != torch.bfloat16:  # numpy has no bf16
             # numpy, one thread: torch splits a 49k-wide fill across its OpenMP threads, and on busy
             # cores a step then waits for a descheduled thread (up to ~100 ms seen on 2 cores)
-            allowed = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")[: self.vocab_size]
-            logits.numpy()[..., : self.vocab_size][..., allowed == 0] = -np.inf
+            allowed = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little", count=self.vocab_size)
+            np.copyto(logits.numpy()[..., : self.vocab_size], -np.inf, where=~allowed.view(bool))
             return
         bits = self._bits.get(logits.device)
         if bits is None:
