@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+from markdown_it import MarkdownIt
 from textual.widgets import DataTable, Input, OptionList
 from textual.widgets.markdown import MarkdownFence
 from tui_support import SIZE, answered, chat_app, connected, finished_answers, idle, send, wait_until
@@ -148,6 +149,12 @@ async def test_slash_commands_complete_in_the_input_and_act(home, store, tmp_pat
         await pilot.press("enter")
         await wait_until(pilot, lambda: any("/sessions" in n for n in notes(app)), "the help note")
         assert app.prompt.input.text == ""
+        # Each command is one row of two cells: `/agent [on|off]` is not split at its |.
+        help_note = next(n for n in notes(app) if "/sessions" in n)
+        tokens = MarkdownIt("gfm-like").parse(help_note)
+        rows = [[t.children[0].content if t.children else "" for t in tokens[i:] if t.type == "inline"][:2]
+                for i, t in enumerate(tokens) if t.type == "tr_open"]  # fmt: skip
+        assert ["/agent [on|off]", "toggle agent mode: the model may read, edit and run commands (asking first)"] in rows
 
         await send(pilot, "/system Answer in one word.")
         await pilot.pause()
