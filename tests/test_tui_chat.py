@@ -12,6 +12,7 @@ import pytest
 from markdown_it import MarkdownIt
 from textual.widgets import DataTable, Input, OptionList
 from textual.widgets.markdown import MarkdownFence
+from conftest import share_built_caches
 from tui_support import SIZE, answered, chat_app, connected, finished_answers, idle, send, wait_until
 
 from lingcode.client import read_daemon_file
@@ -368,7 +369,7 @@ def stop_daemon(pid: int) -> None:
 
 async def test_no_daemon_starts_one_and_a_lost_daemon_loses_no_message(monkeypatch, store, tmp_path, model_path):
     """Its own daemons, in an empty LINGCODE_HOME: started by the chat, stopped under it, started again."""
-    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LINGCODE_HOME", str(share_built_caches(tmp_path / "home")))
     link = DaemonLink(["--model", str(model_path), "--port", "0", "--device", "cpu"])
     app = ChatApp(link=link, store=store, workdir=tmp_path, permissions=Permissions([]), max_tokens=4, temperature=0)
     started: list[int] = []
