@@ -71,10 +71,15 @@ def cmd_sglang_args(args: argparse.Namespace) -> int:
 
 
 def cmd_lsp(args: argparse.Namespace) -> int:
-    """The language server on stdin/stdout; the serve options apply when it has to start a daemon."""
+    """The language server on stdin/stdout; the serve options apply when it has to start a daemon.
+    `initialize` is answered before pygls is imported (lsp/early.py): that import alone is ~0.3 s."""
+    from lingcode.lsp.early import answer_initialize
+
+    first = answer_initialize(sys.stdin.buffer, sys.stdout.buffer)
     from lingcode.lsp.server import main as lsp_main
 
-    return lsp_main(serve_options(args, ("engine", "model", "device", "port")), auto_start=not args.no_start)
+    options = serve_options(args, ("engine", "model", "device", "port"))
+    return lsp_main(options, auto_start=not args.no_start, first=first)
 
 
 def serve_options(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
