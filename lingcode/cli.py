@@ -185,6 +185,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_env(args: argparse.Namespace) -> int:
+    """Shell exports that point clients at the running daemon (read from daemon.json): for
+    `eval "$(lingcode env)"`. The token is read from its file by the shell, never printed."""
+    import shlex
+
+    daemon_file = paths.daemon_file()
+    try:
+        record = json.loads(daemon_file.read_text())
+        url, token_file, pid = record["url"].rstrip("/"), record["token_file"], int(record["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        print(f"lingcode env: no daemon is running (no live one in {daemon_file}); start one with "
+              "`lingcode serve`", file=sys.stderr)  # fmt: skip
+        return 1
+    token = f'"$(cat {shlex.quote(token_file)})"'
+    exports = {"LINGCODE_URL": shlex.quote(url), "LINGCODE_TOKEN": token,
+               "OPENAI_BASE_URL": shlex.quote(f"{url}/v1"), "OPENAI_API_KEY": '"$LINGCODE_TOKEN"',
+               "ANTHROPIC_BASE_URL": shlex.quote(url), "ANTHROPIC_AUTH_TOKEN": '"$LINGCODE_TOKEN"'}  # fmt: skip
+    print("\n".join(f"export {name}={value}" for name, value in exports.items()))
+    return 0
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from lingcode.tui.launch import main
 
@@ -311,6 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "Also tables every switch of the SGLang profile and the GPU environment.")
     doctor.add_argument("--profile", metavar="P", default=None, help="the SGLang profile to check (default: the active one)")
     doctor.set_defaults(func=cmd_doctor)
+
+    env = sub.add_parser("env", help="print shell exports that point clients at the running daemon",
+                         description='Print LINGCODE_URL, LINGCODE_TOKEN, OPENAI_BASE_URL, OPENAI_API_KEY, '
+                                     'ANTHROPIC_BASE_URL and ANTHROPIC_AUTH_TOKEN for the daemon daemon.json names, '
+                                     'as shell exports: eval "$(lingcode env)". The token is read by the shell from '
+                                     'its file.')  # fmt: skip
+    env.set_defaults(func=cmd_env)
 
     sglang_args = sub.add_parser(
         "sglang-args", help="print the SGLang launch command of a profile",

@@ -130,3 +130,19 @@ def test_commands_that_run_no_model_import_no_torch(model_path, args):
     result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
     assert result.stdout, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "[]", result.stderr
+
+
+def test_env_points_clients_at_the_running_daemon(daemon):
+    """`eval "$(lingcode env)"` and an OpenAI-style client finds the daemon: no port or token path typed."""
+    check = ("import os, httpx; print(httpx.get(os.environ['OPENAI_BASE_URL'] + '/models', "
+             "headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']}).status_code)")  # fmt: skip
+    script = f'eval "$({sys.executable} -m lingcode env)" && test "$LINGCODE_URL" = {daemon.url} && {sys.executable} -c "{check}"'
+    result = subprocess.run(["bash", "-c", script], env={**os.environ, "LINGCODE_HOME": str(daemon.home)},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.stdout.strip() == "200", result.stderr
+    assert daemon.token not in lingcode("env", home=daemon.home).stdout  # read from its file by the shell
+
+
+def test_env_without_a_daemon_says_so(tmp_path):
+    result = lingcode("env", home=tmp_path)
+    assert result.returncode == 1 and "no daemon is running" in result.stderr and not result.stdout
