@@ -1,4 +1,5 @@
-"""The prepared-model cache: a second start maps what the first prepared, and a bad entry is prepared again."""
+"""The prepared-model cache: a second start maps what the first prepared; a damaged entry, or one another
+user could have written, is prepared again."""
 
 from __future__ import annotations
 
@@ -48,9 +49,16 @@ def test_a_second_start_maps_the_prepared_model(home, model_path, monkeypatch, c
 
     monkeypatch.undo()
     monkeypatch.setenv("LINGCODE_HOME", str(home))
+    entry.chmod(0o666)  # an entry is unpickled: one that another user could have written is not
+    with caplog.at_level(logging.WARNING, logger=prepared.__name__):
+        local_engine.load_engine(model_path, device="cpu")
+    assert "not this user's alone" in caplog.text
+    assert entry.stat().st_mode & 0o077 == 0  # prepared again, private
+
     entry.write_bytes(b"not a prepared model")
     with caplog.at_level(logging.WARNING, logger=prepared.__name__):
         third = local_engine.load_engine(model_path, device="cpu")
     assert "could not be read" in caplog.text
     assert asyncio.run(greedy(third, "def fibonacci(n):")) == expected
     assert entry.stat().st_size > 1_000_000  # replaced by a good one
+

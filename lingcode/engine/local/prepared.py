@@ -13,7 +13,7 @@ prepared model depends on in this process, e.g. whether a native kernel is loade
 in paths.cache_dir()/prepared/; writing one deletes the source's older entries.
 
 Entries are pickles (the model is whatever modules the engine builds), read only from lingcode's
-own cache directory: as trusted as the native kernels it loads from there.
+own cache directory, and only when this user alone can write the file and its directory.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ENGINE_SOURCES = Path(__file__).parent
 
 def directory() -> Path:
     path = paths.cache_dir() / "prepared"
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 
@@ -72,7 +72,9 @@ def load_or_build(source: Path, what: str, build: Callable[[], object], extra: s
     """(what build() returns, loaded from the cache if there, else built and saved; the entry's name)."""
     sha, name = entry_key(source, what, extra)
     path = directory() / f"{name}.pt"
-    if path.exists():
+    if path.exists() and not _ours(path):
+        log.warning("the prepared model %s is not this user's alone; preparing it again", path)
+    elif path.exists():
         try:
             return torch.load(path, mmap=True, weights_only=False), name
         except Exception as exc:  # a damaged or foreign file: prepare again, and replace it
@@ -111,6 +113,12 @@ def _measurements(name: str) -> dict:
     except (OSError, ValueError):
         return {}
     return known if isinstance(known, dict) else {}
+
+
+def _ours(path: Path) -> bool:
+    """Written by this user and writable by no one else, the file and its directory: an entry is
+    unpickled, so one that another user could have written is prepared again instead."""
+    return all(st.st_uid == os.getuid() and not st.st_mode & 0o022 for st in (path.stat(), path.parent.stat()))
 
 
 def _directory_sha256(directory_: Path) -> str:
