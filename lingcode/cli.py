@@ -154,6 +154,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for name in ("config", "state", "cache", "data", "models"):
         line(f"{name} dir", getattr(paths, f"{name}_dir")())
     line("kernels dir", paths.native_dir())
+    line("prepared dir", paths.prepared_dir())
     line("token file", f"{paths.token_file().name} in the config dir ({'present' if paths.token_file().exists() else 'not created yet'})")
 
     entry = models.lookup(models.DEFAULT_MODEL)

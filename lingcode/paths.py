@@ -60,3 +60,10 @@ def native_dir() -> Path:
     path = cache_dir() / "native"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def prepared_dir() -> Path:
+    """Models as the engine prepared them for this machine (lingcode.engine.local.prepared)."""
+    path = cache_dir() / "prepared"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path

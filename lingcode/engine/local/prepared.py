@@ -10,7 +10,7 @@ An entry's key: the source's sha256 (memoized by path, size, mtime and inode), w
 (e.g. "cpu-float32"), torch's version, the sources of lingcode/engine/local (a change to how a model
 is prepared makes a new entry; there is no version to bump by hand) and `extra` (what else the
 prepared model depends on in this process, e.g. whether a native kernel is loaded). Entries live
-in paths.cache_dir()/prepared/; writing one deletes the source's older entries.
+in paths.prepared_dir(); writing one deletes the source's older entries.
 
 Entries are pickles (the model is whatever modules the engine builds), read only from lingcode's
 own cache directory, and only when this user alone can write the file and its directory.
@@ -35,9 +35,7 @@ ENGINE_SOURCES = Path(__file__).parent
 
 
 def directory() -> Path:
-    path = paths.cache_dir() / "prepared"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    return paths.prepared_dir()
 
 
 def file_sha256(path: Path) -> str:
