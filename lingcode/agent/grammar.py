@@ -5,9 +5,10 @@ one of the tools, arguments valid against its schema: a Lark grammar from
 lingcode.agent.tool_parsers.tool_call_grammar) and for `response_format` JSON. The engine calls
 mask_logits() before each sampled token and accept() after it (lingcode.engine.TokenConstraint).
 
-Bounds: a grammar's text is at most MAX_GRAMMAR_BYTES, and llguidance's fuel limits (LIMITS) cap
-the work of a compile and of each token's mask, so no schema holds a thread for long (an enum of
-10,000 long strings compiles in ~20 ms; `lingcode bench grammar`). Compiles hold no lock: one
+Bounds: a grammar's text is at most MAX_GRAMMAR_BYTES, llguidance's fuel limits (_limits) cap the
+work of a compile and of each token's mask, and a probe at compile (_probe) refuses a grammar over
+the parser's row limit, so no schema holds a thread for long (an enum of 10,000 long strings
+compiles in ~20 ms; `lingcode bench grammar`) and a bad one is a 400. Compiles hold no lock: one
 request's grammar never waits for another's. `cancel` is checked before and after the compile,
 so a caller whose client has gone drops the result instead of decoding with it.
 """
