@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -227,10 +228,14 @@ class Serving:
         return TurnSpec(self.family, tuple(tools), choice, parallel, starts_in_reasoning(self.family, prompt))
 
     async def _constrain(self, prepared: Prepared) -> None:
-        """Compile the turn's grammar on a thread (the first one also indexes the vocabulary)."""
+        """Compile the turn's grammar on a thread, bounded in size and work (lingcode.agent.grammar)."""
         turn = prepared.turn
+        cancel = threading.Event()  # set if the client leaves: the compile is dropped, not finished
         try:
-            constraint = await asyncio.to_thread(build_constraint, self.info, turn.spec, prepared.json_format)
+            constraint = await asyncio.to_thread(build_constraint, self.info, turn.spec, prepared.json_format, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
         except (GrammarUnavailable, GrammarError) as exc:
             error = as_api_error(exc)
             error.param = "tool_choice" if turn.spec.forced_tools() is not None else prepared.grammar_param

@@ -1,7 +1,7 @@
 """Tool calling on /v1/chat/completions with the official openai client, against the real daemon.
 
 The default model (SmolLM2-135M) rarely calls tools by itself, so the tests that need a call force
-one with tool_choice (required or named), which constrains decoding with xgrammar: the arguments
+one with tool_choice (required or named), which constrains decoding with llguidance: the arguments
 must then validate against the tool's schema even from a 135M model.
 """
 

@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from conftest import share_built_caches
 
 from lingcode import client
 
@@ -61,7 +62,7 @@ async def test_closing_a_stream_aborts_it_in_the_engine(home):
 
 
 def test_starts_a_daemon_when_none_runs(monkeypatch, tmp_path, model_path):
-    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path))
+    monkeypatch.setenv("LINGCODE_HOME", str(share_built_caches(tmp_path)))
     assert client.read_daemon_file() is None
     progress: list[str] = []
     started = client.ensure_daemon(["--model", str(model_path), "--port", "0", "--device", "cpu"], progress.append)

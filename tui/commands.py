@@ -235,5 +235,8 @@ class CommandActions:
             self.waiting_for_daemon = True
 
     async def command_help(self, args: str) -> None:
-        rows = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS)
+        def cell(text: str) -> str:  # a cell ends at any unescaped |, in a code span too (GFM, as Textual reads it)
+            return text.replace("|", "\\|")
+
+        rows = "\n".join(f"| `{cell(c.usage)}` | {cell(c.help)} |" for c in COMMANDS)
         await self.note(f"| command | does |\n|---|---|\n{rows}\n\n{KEYS_HELP}")

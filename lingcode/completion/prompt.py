@@ -119,7 +119,8 @@ def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = B
         if len(context) + len(ids) <= budgets.context_tokens:
             context += ids
             used += 1
-    prefix_ids, start_line = _prefix_tail(tok, request.prefix, budgets.prefix_tokens)
+    typed = split_trailing_whitespace(request.prefix, request.suffix)[0]
+    prefix_ids, start_line = _prefix_tail(tok, typed, budgets.prefix_tokens)
     ids = head + context + header(family.file_header, path=path)
     suffix_ids: list[int] = []
     if family.fim:
@@ -134,6 +135,19 @@ def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = B
         suffix_tokens=len(suffix_ids), context_tokens=len(context), context_chunks=used,
         prefix_start_line=start_line,
     )  # fmt: skip
+
+
+def split_trailing_whitespace(prefix: str, suffix: str) -> tuple[str, str]:
+    """(the prefix up to its last non-blank character, the whitespace after it): the prompt ends
+    before that whitespace, and the model writes it with its first tokens (cuts.CutRules takes it off).
+
+    BPE tokenizers join a run of spaces to the word after it (`   ` + ` return`), so a prompt that
+    ends in the whole run makes the model start with one more space; one that ends in a newline
+    is as unlike what the model saw (`\\n   ` is one token). With code right of the cursor (a
+    single-line completion, which ends at its first newline) only the cursor line's are taken."""
+    mid_line = bool(suffix.partition("\n")[0].strip())
+    head = prefix.rstrip(" \t") if mid_line else prefix.rstrip()
+    return head, prefix[len(head) :]
 
 
 def _prefix_tail(tok, prefix: str, budget: int) -> tuple[list[int], int]:

@@ -37,7 +37,7 @@ class ContextOverflow(ValueError):
 
 
 class TokenConstraint(Protocol):
-    """Constrained decoding (e.g. an xgrammar matcher for a JSON schema), applied by the engine.
+    """Constrained decoding (e.g. an llguidance matcher for a JSON schema), applied by the engine.
 
     Before each sampled token the engine calls mask_logits() (disallowed tokens to -inf, in place);
     after it, accept(). is_terminated() ends the generation with finish_reason "stop". An engine

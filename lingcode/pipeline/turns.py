@@ -17,6 +17,7 @@ stream had it as reasoning and then as content (as SGLang does).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
@@ -117,22 +118,24 @@ def starts_in_reasoning(family: Family, prompt: str) -> bool:
 # --- constrained decoding ---------------------------------------------------------------------
 
 
-def build_constraint(info: ModelInfo, spec: TurnSpec, json_format: tuple[str, dict | None] | None) -> TokenConstraint | None:
+def build_constraint(info: ModelInfo, spec: TurnSpec, json_format: tuple[str, dict | None] | None,
+                     cancel: threading.Event | None = None) -> TokenConstraint | None:  # fmt: skip
     """The grammar a turn needs: a forced tool call, else a JSON response format, else none.
 
     json_format: None, ("json", None) for any JSON object, ("json_schema", schema). Compiling can
-    take a while, so callers run this off the event loop.
+    take a while, so callers run this off the event loop; setting `cancel` drops the compile
+    (lingcode.agent.grammar.GrammarCancelled).
     """
     from lingcode.agent.grammar import constraint
 
     tools = spec.forced_tools()
     if tools is not None:
-        tag = tool_call_grammar(spec.family.tool_parser, tools, spec.parallel_tool_calls)
-        return constraint(info.tokenizer, info.eos_token_ids, "structural_tag", tag)
+        grammar = tool_call_grammar(spec.family.tool_parser, tools, spec.parallel_tool_calls)
+        return constraint(info.tokenizer, info.eos_token_ids, "lark", grammar, cancel=cancel)
     if json_format is None:
         return None
     kind, schema = json_format
-    return constraint(info.tokenizer, info.eos_token_ids, kind, schema)
+    return constraint(info.tokenizer, info.eos_token_ids, kind, schema, cancel=cancel)
 
 
 # --- the turn ---------------------------------------------------------------------------------

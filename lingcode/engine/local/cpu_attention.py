@@ -1,7 +1,7 @@
 """lingcode::decode_attention, the CPU's decode/verify attention over an f16 KV cache (cpu_attention.cpp).
 
 Built from source with the machine's C++ compiler the first time it is asked for (~15 s on 2 cores),
-into lingcode's cache directory under a name that hashes the source, the flags, torch's version and
+into lingcode's cache directory (paths.native_dir()) under a name that hashes the source, the flags, torch's version and
 the CPU (the build is -march=native), then loaded from there by every later process with no build
 step and no lock. Registered as a torch op, so eager forwards and torch.compile'd steps both call
 it. Where it cannot be built (no compiler, no ninja), `load()` logs why once and returns False: the
@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-import platformdirs
 import torch
+
+from lingcode import paths
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def build_directory() -> Path:
     for part in (SOURCE.read_bytes(), " ".join(compiler_flags()).encode(), torch.__version__.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         key.update(part + b"\0")
-    return Path(platformdirs.user_cache_dir("lingcode")) / "cpu_attention" / key.hexdigest()[:16]
+    return paths.native_dir() / "cpu_attention" / key.hexdigest()[:16]
 
 
 def _cpu_flags() -> str:

@@ -16,8 +16,10 @@ import itertools
 import os
 import threading
 import time
+import dataclasses
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -51,14 +53,15 @@ class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
         cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "auto",
+        model: Transformer | None = None, step_cost: list[float] | None = None,
     ):  # fmt: skip
+        """model: one build_model() made from this checkpoint already (a prepared one, mapped from the
+        cache); step_cost: what _measure_step_costs() measured for it before."""
         cfg = checkpoint.config
         kernels = pick_kernels(kernels, device, cuda_graphs, compile)
         self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
         self.device, self.dtype = device, dtype
-        self.model = Transformer.from_weights(cfg, checkpoint.weights, dtype, device)
-        if device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
-            self.model.use_cpu_matmuls(checkpoint.q4)
+        self.model = model if model is not None else build_model(checkpoint, dtype, device)
         self.model.setup_cache(cfg.context_length)
         self.graphs = None
         if device.type == "cuda" and cuda_graphs:
@@ -68,7 +71,8 @@ class LocalEngine:
         self.narrow_step = None  # CPU --compile: decode and verify steps through torch.compile
         if device.type == "cpu" and compile:
             self.narrow_step = compile_narrow_step(self.model)
-        self.step_cost = self._measure_step_costs()  # ms of a step verifying k drafts, k = 0, 1, ...
+        # ms of a step verifying k drafts, k = 0, 1, ...
+        self.step_cost = step_cost if step_cost is not None and self.narrow_step is None else self._measure_step_costs()
         self.draft_length = DraftLength(self.step_cost)
         self.info = ModelInfo(
             name=checkpoint.name,
@@ -442,6 +446,14 @@ class LocalEngine:
         return live
 
 
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device) -> Transformer:
+    """The checkpoint's weights as the engine runs them on this device (no KV cache yet)."""
+    model = Transformer.from_weights(checkpoint.config, checkpoint.weights, dtype, device)
+    if device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
+        model.use_cpu_matmuls(checkpoint.q4)
+    return model
+
+
 def compile_narrow_step(model: Transformer):
     """torch.compile the CPU's decode/verify forward (up to row_exact_rows tokens): Inductor fuses
     the small elementwise ops between the matmuls, which at batch 1 cost as much as the matmuls.
@@ -506,4 +518,22 @@ def load_engine(
 
     dev = pick_device(device)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile, kernels=kernels)
+    if dev.type != "cpu":
+        return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile, kernels=kernels)
+    from lingcode.engine.local import cpu_attention, prepared
+
+    def build():
+        checkpoint = load_checkpoint(model_path)
+        model = build_model(checkpoint, dtype, dev)
+        return dataclasses.replace(checkpoint, weights={}, q4={}), model  # the model holds the tensors
+
+    # The kernel is loaded in this process before the key is made: the prepared model's cache type depends on it.
+    (checkpoint, model), name = prepared.load_or_build(Path(model_path), "cpu-float32", build,
+                                                       extra=f"cpu_attention={cpu_attention.load()}")  # fmt: skip
+    what = f"step_cost_ms threads={torch.get_num_threads()}"
+    step_cost = prepared.recall(name, what)
+    engine = LocalEngine(checkpoint, dev, dtype, speculation, cuda_graphs, compile, kernels=kernels, model=model,
+                         step_cost=step_cost)  # fmt: skip
+    if step_cost is None and engine.narrow_step is None:
+        prepared.remember(name, what, engine.step_cost)
+    return engine
