@@ -106,11 +106,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_bench_agent(args: argparse.Namespace) -> int:
     from lingcode.bench import agent
-    from lingcode.client import APIError, DaemonError
+    from lingcode.client import ErrorResponse, DaemonError
 
     try:
         return agent.main(args)
-    except (DaemonError, APIError) as e:
+    except (DaemonError, ErrorResponse) as e:
         print(f"lingcode bench agent: {e}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -34,7 +34,7 @@ async def test_streams_chat_and_reports_errors_in_their_shape(home):
         events = [e async for e in api.stream("/v1/chat/completions", body)]
         assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
         assert "".join(e["choices"][0]["delta"].get("content", "") for e in events)
-        with pytest.raises(client.APIError) as error:
+        with pytest.raises(client.ErrorResponse) as error:
             await api.post("/v1/chat/completions", {**body, "n": 3})
         assert error.value.status == 400 and "n" in error.value.message
     finally:

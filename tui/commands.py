@@ -15,7 +15,7 @@ from markdown_it import MarkdownIt
 from textual.app import SystemCommand
 
 from lingcode import models
-from lingcode.client import APIError
+from lingcode.client import ErrorResponse
 from lingcode.tui.store.export import export_session
 from lingcode.tui.widgets.sessions import SessionsScreen
 from lingcode.tui.widgets.stats import answer_line
@@ -170,7 +170,7 @@ class CommandActions:
                 for part, counters in daemon.items():
                     for key, value in (counters or {}).items():
                         lines.append(f"| {part}.{key} | {value} |")
-            except (APIError, httpx.HTTPError) as e:
+            except (ErrorResponse, httpx.HTTPError) as e:
                 lines += ["", f"(the daemon's counters are unavailable: {e})"]
         await self.note("\n".join(lines))
 
