@@ -146,7 +146,7 @@ def test_request_ids_in_responses_and_in_the_json_logs(http, daemon):
     access = by_logger["lingcode.access"]
     assert access["route"] == CHAT and access["status"] == 200 and access["method"] == "POST"
     assert access["duration_ms"] > 0 and {"ts", "level", "msg"} <= set(access)
-    generation = by_logger["lingcode.pipeline.generation"]
+    generation = by_logger["lingcode.generation"]
     assert generation["generation_id"] == completion_id and generation["completion_tokens"] == 2
     assert generation["finish_reason"] in ("stop", "length") and generation["ttft_ms"] > 0
     assert any(line.get("request_id") == generated for line in lines)

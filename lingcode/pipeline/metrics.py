@@ -63,7 +63,7 @@ class Trace:
 
 trace: ContextVar[Trace | None] = ContextVar("lingcode_trace", default=None)
 
-log = logging.getLogger("lingcode.pipeline.generation")
+log = logging.getLogger("lingcode.generation")  # a log channel clients read: its name stays
 
 # Metrics are created unregistered: each app's registry (registry_for) registers them, so that
 # several apps in one process (tests) share the counts without clashing in a global registry.
