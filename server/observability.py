@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lingcode.pipeline import metrics
 from lingcode.pipeline.scheduler import Scheduler
+from lingcode.server.streaming import CLIENT_GONE
 
 REQUEST_ID_HEADER = "x-request-id"
 TRACE_HEADER = "x-lingcode-trace"  # asks for `timings.trace`: where the request's time went (lingcode bench daemon)
@@ -71,14 +72,17 @@ class RequestObserver:
         trace = metrics.Trace(report=TRACE_HEADER in Headers(scope=scope))
         trace_token = metrics.trace.set(trace)
         status = 500  # if the app raises before answering, Starlette's outermost handler sends a 500
+        complete = False  # the last part of the body went out
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, complete
             if message["type"] == "http.response.start":
                 status = message["status"]
                 MutableHeaders(scope=message).append(REQUEST_ID_HEADER, request_id)
-            elif message["type"] == "http.response.body" and message.get("body"):
-                trace.mark("until_first_body")
+            elif message["type"] == "http.response.body":
+                if message.get("body"):
+                    trace.mark("until_first_body")
+                complete = not message.get("more_body", False)
             sending = time.perf_counter()
             await send(message)
             trace.add("send", time.perf_counter() - sending)
@@ -87,6 +91,8 @@ class RequestObserver:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            if status < 400 and not complete:
+                status = CLIENT_GONE  # a stream its client left: logged as one that left before it began
             elapsed = time.perf_counter() - started
             HTTP_REQUESTS.labels(label, scope["method"], str(status)).inc()
             HTTP_DURATION.labels(label).observe(elapsed)

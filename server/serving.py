@@ -39,7 +39,7 @@ from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_co
 from lingcode.server.body import read_json
 from lingcode.server.errors import APIError, ContextLengthExceeded, as_api_error, invalid
 from lingcode.server.openapi import request_body
-from lingcode.server.streaming import ClientGone, EventStream, aclose, close_soon, until_disconnected
+from lingcode.server.streaming import CLIENT_GONE, ClientGone, EventStream, aclose, close_soon, until_disconnected
 from lingcode.server.validation import StrictModel, parse
 from lingcode.text.chat_template import TemplateError
 from lingcode.text.families import Family, family_for
@@ -170,7 +170,7 @@ class Serving:
             if prepared.release is not None:
                 prepared.release()
             raise
-        if response.status_code == 499 and prepared.release is not None:
+        if response.status_code == CLIENT_GONE and prepared.release is not None:
             prepared.release()
         return response
 
@@ -256,7 +256,7 @@ async def respond(request: Request, events: AsyncIterator[list[TurnEvent]], stre
         end = await until_disconnected(request, _collect(events))
         return JSONResponse(_shaped(shape.whole, end))
     except ClientGone:
-        return Response(status_code=499)  # nobody reads it; uvicorn drops it
+        return Response(status_code=CLIENT_GONE)  # nobody reads it; uvicorn drops it
     except Exception as exc:
         await aclose(events)
         error = as_api_error(exc)

@@ -219,3 +219,23 @@ def test_families_from_data():
     assert ling.reasoning.nonempty_content and not family_of("Qwen3-8B").reasoning.nonempty_content
     assert family_of("some-model", architecture="BailingMoeV3ForCausalLM").name == "ling3"
     assert family_of("unknown-model").name == "default"
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_a_call_that_repeats_the_previous_one_is_dropped_and_ends_the_turn(step):
+    """lingcode.pipeline.turns' call filter: a repeat is held while it matches, dropped when it
+    completes identical; a call that differs is released as soon as it does (none is lost)."""
+    from lingcode.pipeline.turns import _CallFilter
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>\n'
+    cases = {("Paris", "Paris"): ["Paris"], ("Paris", "Parma"): ["Paris", "Parma"], ("Paris", "Paris2"): ["Paris", "Paris2"]}
+    for cities, expected in cases.items():
+        calls = _CallFilter(make_parser("hermes", [Tool("get_weather")]))
+        text, events = "".join(call % c for c in cities), []
+        for i in range(0, len(text), step):
+            events += calls.feed(text[i : i + step])
+        events += calls.finish()
+        assert [json.loads(c.arguments)["city"] for c in calls.calls] == expected
+        assert calls.repeated == (len(expected) < len(cities))
+        streamed = "".join(e.fragment for e in events if isinstance(e, CallArgs) and e.index == len(expected) - 1)
+        assert streamed == calls.calls[-1].arguments  # what was streamed is exactly the calls reported

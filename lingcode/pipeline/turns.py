@@ -245,11 +245,11 @@ class _CallFilter:
             else:
                 out.append(event)
             out += self._check()
-            if self.held and self._complete():
-                if self._same_as_previous():
-                    self._drop()
-                    return out
-                out += self._release()
+        if self.held and self._complete():  # the closing tag may come in a feed with no event of its own
+            if self._same_as_previous():
+                self._drop()
+                return out
+            out += self._release()
         if self.held and done:
             out += self._release()
         return out
