@@ -78,19 +78,19 @@ def test_request_fields_reach_the_engine_as_sampling_params(serve, engine):
 
 
 def test_fields_left_out_get_the_model_familys_defaults(serve, engine):
-    """SmolLM2's model card recommends temperature 0.2 and top_p 0.9 (lingcode/data/families.toml);
-    with no max_tokens the answer gets the family's length (1024), not the whole context."""
+    """SmolLM2's defaults (lingcode/data/families.toml): greedy, and with no max_tokens the family's
+    answer length (1024), not the whole context."""
     client, scripted = serve(engine.info.tokenizer.encode("Paris"))
     for route, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
                         ("/v1/completions", {"prompt": "The capital of France is"}),
                         ("/v1/responses", {"input": "hi"})]:  # fmt: skip
         assert client.post(route, json=body).status_code == 200, route
     for _, params in scripted.calls:
-        assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (1024, 0.2, 0.9, 0)
+        assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (1024, 0.0, 1.0, 0)
     # Anthropic requires max_tokens; the temperature left out is the family's too.
     response = client.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 200, response.text
-    assert (scripted.calls[-1][1].max_tokens, scripted.calls[-1][1].temperature) == (5, 0.2)
+    assert (scripted.calls[-1][1].max_tokens, scripted.calls[-1][1].temperature) == (5, 0.0)
     # A prompt that leaves less room than the default length gets the rest of the context.
     long = {"prompt": [1] * (engine.info.context_length - 10)}
     assert client.post("/v1/completions", json=long).status_code == 200
