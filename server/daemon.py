@@ -60,20 +60,18 @@ def _write_new(path: Path, text: str) -> Path:
 
 
 def ensure_token(path: Path) -> str:
-    """The daemon's token: read from `path`, or created there (32 random bytes, url-safe, 0600)."""
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        token = None
+    """The daemon's token: read from `path`, or created there (32 random bytes, url-safe, 0600).
+
+    Only a regular file of this user's is read (never through a symlink). Anything else found
+    there, such as a file another user planted while the directory was open to them, is never
+    trusted: it is replaced, atomically, by a new token, and a warning says so.
+    """
+    token = _trusted_token(path)
     if token:
-        if os.name == "posix" and path.stat().st_mode & 0o077:
-            os.chmod(path, 0o600)  # someone loosened it; a token readable by others is no token
         return token
-    token_missing = token is None
-    token = secrets.token_urlsafe(32)
-    tmp = _write_new(path, token)
+    tmp = _write_new(path, secrets.token_urlsafe(32))
     try:
-        if token_missing:
+        if token is None:
             try:
                 os.link(tmp, path)  # create-if-absent, atomically: if a daemon starting at the same
             except FileExistsError:  # time won the race, use its token
@@ -81,10 +79,36 @@ def ensure_token(path: Path) -> str:
             except (OSError, AttributeError):  # no hard links here
                 os.replace(tmp, path)
         else:
-            os.replace(tmp, path)  # an empty token file is replaced
+            os.replace(tmp, path)  # an empty or untrusted token file: the name now points at ours
     finally:
         tmp.unlink(missing_ok=True)
-    return token
+    return ensure_token(path)
+
+
+def _trusted_token(path: Path) -> str | None:
+    """The token in `path`; None if there is no file; "" if it is empty or not this user's file to trust."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block us
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symbolic link; or a file we may not read
+        return _untrusted(path, exc.strerror or str(exc))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return _untrusted(path, "not a regular file")
+        if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+            return _untrusted(path, f"it belongs to uid {info.st_uid}")
+        if os.name == "posix" and info.st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # someone loosened it; a token readable by others is no token
+        return f.read(4096).decode("utf-8", "replace").strip()
+
+
+def _untrusted(path: Path, why: str) -> str:
+    print(f"lingcode serve: WARNING: the token file {path} is not this user's own file ({why}); it is "
+          "replaced by a new token", file=sys.stderr, flush=True)  # fmt: skip
+    return ""
 
 
 def write_daemon_file(path: Path, record: dict) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 
@@ -162,6 +164,23 @@ def test_trouble_that_is_no_damage_is_raised_and_moves_nothing(tmp_path):
     with pytest.raises(sqlite3.OperationalError):
         SessionStore(path)
     assert path.is_dir() and not list(tmp_path.glob("*.damaged-*"))
+
+
+def test_the_store_is_private_under_any_umask(tmp_path):
+    """Issue 18, item 2: chat.sqlite3, its -wal and -shm were 0644 (the data dir's mode aside)."""
+    previous = os.umask(0)
+    try:
+        store = SessionStore(tmp_path / "chat.sqlite3")
+        store.add(store.create().id, "user", "private")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+        store.close()
+    finally:
+        os.umask(previous)
+    assert modes == {"chat.sqlite3": 0o600, "chat.sqlite3-wal": 0o600, "chat.sqlite3-shm": 0o600}, modes
+    path = tmp_path / "chat.sqlite3"
+    path.chmod(0o644)  # as an older lingcode left it
+    SessionStore(path).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 # A writer that reports each message once it is committed (add() returns after the commit).

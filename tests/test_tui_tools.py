@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 
 import pytest
 
@@ -126,6 +128,28 @@ def test_a_broken_rule_file_makes_everything_ask_and_says_why(tmp_path):
     fresh = tmp_path / "fresh" / "permissions.toml"
     fresh.parent.mkdir()
     assert Permissions.load(fresh).rules == [] and "[[rule]]" in fresh.read_text()  # a commented example
+
+
+def test_a_rule_file_that_others_own_or_may_write_is_not_trusted(tmp_path):
+    """An allow-all rule planted by another user (issue 18, item 1) makes everything ask instead."""
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\naction = "allow"\n')
+    rules.chmod(0o666)  # as lingcode once left it under umask 000: anyone could have written it
+    loose = Permissions.load(rules)
+    assert "other users may write the file" in loose.problem and loose.rules == []
+    assert loose.decide("run_command", "rm -rf ~", reads=False, inside=True).action == "ask"
+    rules.chmod(0o600)
+    assert Permissions.load(rules).decide("run_command", "ls", reads=False, inside=True).action == "allow"
+    if os.geteuid() == 0:  # only root can hand a file to another user
+        os.chown(rules, 65534, 65534)
+        assert "belongs to another user" in Permissions.load(rules).problem
+    previous = os.umask(0)
+    try:
+        fresh = tmp_path / "fresh.toml"
+        Permissions.load(fresh)  # writes the commented example
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
 
 
 def test_at_mentions_attach_files_whole_or_refuse(project):

@@ -96,13 +96,13 @@ class SessionStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.recovered: str | None = None  # set when a damaged store was moved aside: what to tell the person
         try:
-            self.db = _open(self.path)
+            self.db = _open(_private(self.path))
         except StoreDamaged as damage:
             aside = move_aside(self.path)
             self.recovered = (f"The chat history {self.path} was damaged ({damage}). It was moved to {aside} "
                               "and a new, empty history was started.")  # fmt: skip
             log.error("%s", self.recovered)
-            self.db = _open(self.path)
+            self.db = _open(_private(self.path))
 
     def close(self) -> None:
         self.db.close()
@@ -212,6 +212,15 @@ def _open(path: Path) -> sqlite3.Connection:
             raise StoreDamaged(str(exc)) from exc
         raise
     return db
+
+
+def _private(path: Path) -> Path:
+    """The store's files made 0600 whatever the umask: every chat is in them. SQLite gives the -wal
+    and -shm files it creates the database's mode; ones left from before are tightened here."""
+    for part in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if (part == path or part.exists()) and not part.is_dir():  # a directory in the way: SQLite says so
+            paths.private_file(part)
+    return path
 
 
 def _migrate(db: sqlite3.Connection) -> None:

@@ -9,12 +9,15 @@ The rule file is TOML in the config dir (`lingcode chat` writes a commented exam
 
 The first matching rule decides. Without one: reads inside the working directory are allowed,
 everything else asks, and "always for this session" answers turn asks into allows (deny rules still
-win). A rule file that cannot be read makes everything ask, and the UI says why.
+win). A rule file that cannot be read, or that another user owns or may write, makes everything
+ask, and the UI says why.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,11 +75,12 @@ class Permissions:
         path = path or rules_file()
         if not path.exists():
             try:
-                path.write_text(EXAMPLE)
+                paths.private_file(path).write_text(EXAMPLE)
             except OSError:
                 pass
             return cls([], str(path))
         try:
+            _check_private(path)
             return cls(parse_rules(tomllib.loads(path.read_text())), str(path))
         except (OSError, ValueError) as e:
             return cls([], str(path), problem=f"{path}: {e}; every tool call asks until it is fixed")
@@ -95,6 +99,16 @@ class Permissions:
         if reads and inside:
             return Decision("allow", "a read inside the working directory")
         return Decision("ask", "outside the working directory" if reads else "writes and commands ask first")
+
+
+def _check_private(path: Path) -> None:
+    """Rules that another user wrote, or could have, are no rules of this person's (they could allow anything)."""
+    info = path.stat()
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        raise ValueError(f"the file belongs to another user (uid {info.st_uid})")
+    if os.name == "posix" and info.st_mode & 0o022:
+        raise ValueError(f"other users may write the file (mode {stat.S_IMODE(info.st_mode):o}); check it, then "
+                         "`chmod 600` it")  # fmt: skip
 
 
 def parse_rules(document: dict) -> list[Rule]:
