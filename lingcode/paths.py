@@ -111,3 +111,8 @@ def token_file() -> Path:
 
 def daemon_file() -> Path:
     return state_dir() / "daemon.json"
+
+
+def daemon_lock_file() -> Path:
+    """Held (flock) by the daemon for its whole life: one daemon per LINGCODE_HOME."""
+    return state_dir() / "daemon.lock"

@@ -1,6 +1,7 @@
 """`lingcode serve`: the daemon in the foreground.
 
-In order: refuse if a daemon is already answering at the address daemon.json names; make sure
+In order: take this home's daemon lock (flock on state/daemon.lock, held for the daemon's life:
+a second daemon on the same LINGCODE_HOME exits at once, saying who holds it); make sure
 the token file exists (created once, 0600); bind the socket (so `--port 0` gets a free port
 whose number we know, and a busy port fails before the model loads), and the optional Unix
 socket (0600, no token needed); load the engine; run uvicorn on those sockets. Once uvicorn
@@ -14,6 +15,7 @@ Only loopback addresses are bound unless --allow-remote is given, and then with 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import os
@@ -219,9 +221,55 @@ def socket_url(sock: socket.socket) -> str:
     return f"http://{host}:{port}"
 
 
+# --- one daemon per home ---------------------------------------------------------------------
+
+
+def lock_home(path: Path):
+    """This home's daemon lock, held until the returned file is closed; None if another process holds it.
+
+    flock, not a check of daemon.json: two daemons started at the same moment would both find no
+    file, both load and both serve, and daemon.json would name only the second. The kernel
+    drops the lock when its holder exits, however it exits.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): daemon.json's check is all there is
+        return open(os.devnull)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    lock = os.fdopen(fd, "r+")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")  # for the message the next one prints
+    lock.flush()
+    return lock
+
+
+def _holding_home_lock(run):
+    @functools.wraps(run)
+    def serve(**options) -> int:
+        lock_file, daemon_file = paths.daemon_lock_file(), paths.daemon_file()
+        lock = lock_home(lock_file)
+        if lock is None:
+            if (other := running_daemon(daemon_file)) is not None:
+                return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']} for this LINGCODE_HOME; "
+                             "stop it first")  # fmt: skip
+            holder = lock_file.read_text().strip() or "?"
+            return _fail(f"another lingcode daemon (pid {holder}) is starting or running for this LINGCODE_HOME "
+                         f"(it holds {lock_file}); use that one, or stop it first")  # fmt: skip
+        with lock:
+            return run(**options)
+
+    return serve
+
+
 # --- serve ------------------------------------------------------------------------------------
 
 
+@_holding_home_lock
 def serve(
     *,
     engine: str,

@@ -247,7 +247,7 @@ def test_a_daemon_started_under_umask_000_keeps_its_home_private(model_path, tmp
         assert {p.name for p in directories} >= {"config", "state"}
         for directory in directories:
             assert mode(directory) == 0o700, directory
-        for name in ("config/token", "state/daemon.json"):
+        for name in ("config/token", "state/daemon.json", "state/daemon.lock"):
             path = home / name
             assert stat.S_ISREG(path.lstat().st_mode) and mode(path) == 0o600, name
         token = (home / "config" / "token").read_text().strip()
