@@ -419,9 +419,12 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
 
     # access_log off: lingcode.access (server/observability.py) logs each request with its id.
     # proxy_headers off: nothing sits in front of the daemon, so X-Forwarded-For is never believed.
+    from lingcode.server.http11 import APIErrorH11Protocol
+
+    # http: uvicorn's h11 protocol, answering requests h11 refuses (a bad Content-Length) in our error shape.
     config = uvicorn.Config(
-        app, log_config=log_config, log_level=log_level, access_log=False, proxy_headers=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        app, http=APIErrorH11Protocol, log_config=log_config, log_level=log_level, access_log=False,
+        proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )  # fmt: skip
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with

@@ -128,7 +128,9 @@ def test_host_header_must_be_loopback_or_configured(guarded):
                  f"{ALLOWED_HOST}:{port}", "LOCALHOST."):  # fmt: skip
         assert httpx.get(guarded.url + "/v1/models", headers={**auth, "Host": host}).status_code == 200, host
     for host in ("attacker.example", f"attacker.example:{port}", "localhost.attacker.example", "192.168.1.20",
-                 "lingcode.test.attacker.example", "0.0.0.0"):  # fmt: skip
+                 "lingcode.test.attacker.example", "0.0.0.0", "[::1]evil.com", "[::1].evil.com", "localhost:evil",
+                 "127.0.0.1:@evil.com", f"localhost:{port}@evil.com", "[::1", "localhost..", "localhost:",
+                 f"127.0.0.1:{port}:{port}", "127.0.0.1/evil.com", "lingcode.test@evil.com"):  # fmt: skip
         for path in ("/v1/models", "/health"):
             response = httpx.get(guarded.url + path, headers={**auth, "Host": host})
             assert response.status_code == 403, (host, path)
@@ -169,6 +171,12 @@ def test_a_websocket_from_another_host_or_page_is_closed_before_it_opens():
 def test_host_names_are_parsed_like_browsers_send_them():
     assert host_name("[::1]:8377") == "::1" and host_name("LocalHost:80") == "localhost"
     assert host_name("example.com.") == "example.com" and host_name("::1") == "::1"
+    assert host_name("[0:0:0:0:0:0:0:1]") == "::1" and host_name("127.0.0.1:8377") == "127.0.0.1"
+    # Strictly a host and an optional :port of digits: anything after it is no loopback name (issue 18).
+    for header in ("[::1]evil.com", "[::1].evil.com", "localhost:evil", "127.0.0.1:@evil.com", "[::1]:80x",
+                   "localhost:80:80", "[::1", "::1]", "local host", "localhost\x00", "", "[]", "[127.0.0.1]"):  # fmt: skip
+        assert host_name(header) is None, header
+        assert not AccessGuard(None).host_allowed(header), header
 
 
 # --- browsers: the Origin header ------------------------------------------------------------------
