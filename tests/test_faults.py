@@ -203,6 +203,39 @@ def test_malformed_bodies_of_the_newer_routes_are_400s_in_their_apis_shape(daemo
         assert response.json()["error"]["param"] == param
 
 
+# --- numbers Python cannot hold, on every route that takes a body (issue 18, item 5) -----------------
+
+HUGE_INT = "9" * 5000  # over Python's int-string limit (4,300 digits): json.loads raised ValueError, a 500
+
+
+def _post_routes(daemon, headers) -> list[str]:
+    """Every POST route of the daemon's OpenAPI document, with a real session where it names one."""
+    document = httpx.get(daemon.url + "/openapi.json", headers=headers).json()
+    routes = [path for path, operations in document["paths"].items() if "post" in operations]
+    session = _session(daemon, headers)
+    return [path.replace("{session_id}", session) for path in routes]
+
+
+@pytest.mark.parametrize("number", [HUGE_INT, "-" + HUGE_INT, "1e400"], ids=["5000-digits", "-5000-digits", "1e400"])
+def test_a_number_python_cannot_hold_is_a_400_on_every_post_route(daemon, number):
+    headers = {"Authorization": f"Bearer {daemon.token}", "content-type": "application/json"}
+    routes = _post_routes(daemon, headers)
+    assert len(routes) >= 8 and "/v1/messages" in routes, routes
+    for path in routes:
+        for raw in (f'{{"max_tokens": {number}}}', f'{{"prompt": "hi", "messages": [], "seed": [{number}]}}'):
+            response = httpx.post(daemon.url + path, content=raw.encode(), headers=headers, timeout=60)
+            assert response.status_code == 400, (path, response.text[:300])
+            answer = response.json()
+            error = answer["error"]
+            if path.startswith("/v1/messages"):  # Anthropic's shape
+                assert answer["type"] == "error" and error["type"] == "invalid_request_error", answer
+            else:
+                assert error["type"] == "invalid_request_error", answer
+            assert ("5000 digits" in error["message"] or "5001 digits" in error["message"]
+                    or "too large to hold" in error["message"]), (path, error)  # fmt: skip
+    assert daemon.process.poll() is None
+
+
 # --- HTTP the ASGI app never sees ----------------------------------------------------------------------
 
 

@@ -176,3 +176,21 @@ def test_huge_messages_and_lengths_do_not_stop_it(lsp):
     lsp.notify("exit")
     lsp.process.stdin.close()
     assert lsp.process.wait(timeout=TIMEOUT_S) == 0
+
+
+def test_an_integer_past_pythons_limit_is_answered_with_an_error(lsp):
+    """json.loads refuses an int of over 4,300 digits; the request was dropped unanswered (issue 18, item 5)."""
+    initialize(lsp)
+    digits = "9" * 5000
+    for request_id, params in ((51, f'{{"textDocument": {{"uri": "file:///a.py"}}, "position": {{"line": {digits}, '
+                                    '"character": 0}}'),
+                               ("s", f'[{digits}]')):  # fmt: skip
+        body = f'{{"jsonrpc": "2.0", "id": {json.dumps(request_id)}, "method": "textDocument/completion", ' \
+               f'"params": {params}}}'.encode()
+        lsp.send(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        error = lsp.answer(request_id)["error"]
+        assert error["code"] == INVALID_PARAMS and "5000 digits" in error["message"]
+    body = f'{{"jsonrpc": "2.0", "method": "x", "params": {digits}}}'.encode()
+    lsp.send(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert lsp.stats()["documents"] == [] and lsp.process.poll() is None  # a notification: logged, not answered
+    assert sum("an integer of 5000 digits" in m for m in lsp.logged()) == 3
