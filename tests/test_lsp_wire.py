@@ -194,3 +194,31 @@ def test_an_integer_past_pythons_limit_is_answered_with_an_error(lsp):
     lsp.send(b"Content-Length: %d\r\n\r\n" % len(body) + body)
     assert lsp.stats()["documents"] == [] and lsp.process.poll() is None  # a notification: logged, not answered
     assert sum("an integer of 5000 digits" in m for m in lsp.logged()) == 3
+
+
+def test_a_fifo_or_device_named_by_an_unopened_document_never_blocks_it(lsp, tmp_path):
+    """Completion in an unopened document reads it from disk: only a regular file, bounded, on a thread.
+
+    pygls' own read blocked the message loop on a FIFO for ever: nothing was answered any more,
+    not even shutdown, and the process stayed after stdin closed (issue 18, item 8).
+    """
+    initialize(lsp)
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)
+    regular = tmp_path / "unopened.py"
+    regular.write_text("def add(a, b):\n    return a + b\n")
+    position = {"line": 0, "character": 3}
+    for method in ("textDocument/completion", "textDocument/inlineCompletion"):
+        for uri in (fifo.as_uri(), "file:///dev/zero", "file:///dev/stdin", regular.as_uri()):
+            params = {"textDocument": {"uri": uri}, "position": position}
+            if method == "textDocument/inlineCompletion":
+                params["context"] = {"triggerKind": 1}
+            answer = lsp.request(method, params)
+            assert "result" in answer and answer["result"]["items"] == [], (uri, answer)
+    logged = "\n".join(lsp.logged())
+    assert f"cannot complete in {fifo.as_uri()}" in logged and "not a regular file" in logged
+    assert f"cannot complete in {regular.as_uri()}" not in logged  # read; then no daemon to ask (--no-start)
+    assert lsp.request("shutdown")["result"] is None
+    lsp.notify("exit")
+    lsp.process.stdin.close()
+    assert lsp.process.wait(timeout=TIMEOUT_S) == 0
