@@ -152,6 +152,74 @@ def test_a_rule_file_that_others_own_or_may_write_is_not_trusted(tmp_path):
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
 
 
+@pytest.fixture
+def planted(tmp_path):
+    """A project with secrets around it: a link out of it, .env files, a FIFO, and rules denying .env*."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET outside the project\n")
+    root = tmp_path / "project"
+    (root / "sub").mkdir(parents=True)
+    (root / "app.py").write_text("SECRET = 'in the code'\n")
+    (root / ".env").write_text("SECRET=dotenv\n")
+    (root / "sub" / ".env.local").write_text("SECRET=nested dotenv\n")
+    (root / "notes.txt").symlink_to("../outside/secret.txt")
+    (root / "env-link.txt").symlink_to(".env")  # a link to a denied file is denied
+    (root / "outside-dir").symlink_to(outside, target_is_directory=True)
+    os.mkfifo(root / "pipe")
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n')
+    rules.chmod(0o600)
+    return root, Permissions.load(rules)
+
+
+def test_grep_reads_only_what_read_file_may_and_never_follows_a_link_out(planted):
+    root, permissions = planted
+    check = permissions.file_check("grep", root, root, root_approved=False)
+    found = files.grep(root, "SECRET", check=check)
+    lines = found.splitlines()
+    assert lines[1:] == ["app.py:1: SECRET = 'in the code'"], found
+    assert "dotenv" not in found and "outside the project" not in found
+    assert "3 files not searched: the permission rules deny them" in lines[0]  # .env, sub/.env.local, env-link.txt
+    assert "1 files not searched without the person's consent" in lines[0] and "notes.txt" in lines[0]
+    # read_file is decided the same way: the link's target, not its name, and a rule without "/" in any folder.
+    for path, action in ((".env", "deny"), ("sub/.env.local", "deny"), ("env-link.txt", "deny"),
+                         ("notes.txt", "ask"), ("app.py", "allow")):  # fmt: skip
+        call = Call("c", "read_file", json.dumps({"path": path}))
+        decision = permissions.decide("read_file", call.subject(root), reads=True, inside=call.inside(root))
+        assert decision.action == action, (path, decision)
+    # Approving a grep of the outside folder covers the files under it, and still no .env.
+    (root.parent / "outside" / ".env").write_text("SECRET=outside dotenv\n")
+    outside = root.parent / "outside"
+    approved = permissions.file_check("grep", root, outside, root_approved=True)
+    found = files.grep(root, "SECRET", path=str(outside), check=approved)
+    assert "outside the project" in found and "outside dotenv" not in found and "1 files not searched: the" in found
+    # Without a check (the tool alone), links out of the searched path are held back all the same.
+    assert "outside the project" not in files.grep(root, "SECRET") and "notes.txt" in files.grep(root, "SECRET")
+    listing = files.list_dir(root)
+    assert "notes.txt  (a link out of the working directory)" in listing and "outside-dir  (a link out" in listing
+
+
+async def test_grep_through_the_call_gets_the_check(planted):
+    root, permissions = planted
+    call = Call("c", "grep", json.dumps({"pattern": "SECRET"}))
+    check = permissions.file_check("grep", root, call.root(root), root_approved=False)
+    found = await asyncio.wait_for(call.run(root, check), 30)  # the FIFO in the tree must not block it
+    assert "dotenv" not in found and "outside the project" not in found and "app.py:1" in found
+
+
+async def test_no_file_tool_blocks_on_a_fifo_or_a_device(planted):
+    root, _ = planted
+    for path in (str(root / "pipe"), "/dev/zero"):
+        call = Call("c", "read_file", json.dumps({"path": path}))
+        with pytest.raises(ToolError, match="not a regular file"):
+            await asyncio.wait_for(call.run(root), 30)
+    with pytest.raises(ToolError, match="not a regular file"):
+        await asyncio.wait_for(Call("c", "apply_edit", json.dumps({"path": "pipe", "old_text": "a", "new_text": "b"}))
+                               .run(root), 30)  # fmt: skip
+    assert "pipe  (0 bytes)" in files.list_dir(root)
+
+
 def test_at_mentions_attach_files_whole_or_refuse(project):
     attachments, notes = attach("explain @src/app.py, and @missing.py or @src", project)
     assert attachments == [{"path": "src/app.py", "text": "def main():\n    return 1\n"}]

@@ -365,8 +365,13 @@ class ChatApp(CommandActions, App):
                 return "denied: the person declined this call", False
             if answer == "always":
                 self.session = self.store.update(self.session.id, always_allow=[*self.session.always_allow, call.name])
+        check = None
+        if call.tool.walks:  # each file it reaches is decided too, as read_file would be for it
+            check = self.permissions.file_check(call.name, self.workdir, call.root(self.workdir),
+                                                root_approved=decision.action == "ask",
+                                                always=self.session.always_allow)  # fmt: skip
         try:
-            return await call.run(self.workdir), True
+            return await call.run(self.workdir, check), True
         except ToolError as e:
             return f"error: {e}", True
         except (OSError, TypeError, ValueError) as e:

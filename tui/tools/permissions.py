@@ -11,26 +11,35 @@ The first matching rule decides. Without one: reads inside the working directory
 everything else asks, and "always for this session" answers turn asks into allows (deny rules still
 win). A rule file that cannot be read, or that another user owns or may write, makes everything
 ask, and the UI says why.
+
+Paths are matched after symlinks are resolved, relative to the working directory (absolute
+outside it); a glob without "/" also matches the file's name in any folder (".env*" denies
+sub/.env too). grep decides every file it reaches the same way (file_check).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import posixpath
 import stat
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from lingcode import paths
+from lingcode.tui.tools.files import display
 
 ACTIONS = ("allow", "ask", "deny")
+COMMAND_TOOL = "run_command"
 
 EXAMPLE = """\
 # lingcode chat: which agent tool calls run without asking. The first matching rule decides.
 #   tool   = a tool name (read_file, list_dir, grep, apply_edit, write_file, run_command) or "*"
-#   match  = a glob on what the call touches: the path (relative to the working directory) for
-#            file tools, the whole command line for run_command (default "*")
+#   match  = a glob on what the call touches: the path (relative to the working directory, after
+#            symlinks; a glob without "/" also matches a file name in any folder) for file tools,
+#            the whole command line for run_command (default "*")
 #   action = "allow", "ask" or "deny"
 # Without a matching rule, reads inside the working directory are allowed and the rest asks.
 #
@@ -57,7 +66,13 @@ class Rule:
     action: str
 
     def applies(self, tool: str, subject: str) -> bool:
-        return fnmatch.fnmatchcase(tool, self.tool) and fnmatch.fnmatchcase(subject, self.match)
+        if not fnmatch.fnmatchcase(tool, self.tool):
+            return False
+        if tool == COMMAND_TOOL:  # a command line, not a path
+            return fnmatch.fnmatchcase(subject, self.match)
+        if fnmatch.fnmatchcase(subject, self.match):
+            return True
+        return "/" not in self.match and fnmatch.fnmatchcase(posixpath.basename(subject), self.match)
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,31 @@ class Permissions:
         if reads and inside:
             return Decision("allow", "a read inside the working directory")
         return Decision("ask", "outside the working directory" if reads else "writes and commands ask first")
+
+    def file_check(self, tool: str, workdir: Path, root: Path, *, root_approved: bool,
+                   always: list[str] = ()) -> Callable[[Path], str]:  # fmt: skip
+        """How a tool that reads many files (grep) treats each one it reaches, given as a resolved path:
+        "allow" (read it), "deny", or "ask" (not read; the result names it, read_file then asks).
+
+        Each file is decided as the call itself would be for that path. Deny rules for the tool or
+        for read_file win. A file that would ask is read only when the person approved this call,
+        for a path outside the working directory, and the file lies under that path: a link out of
+        it is not covered by that answer.
+        """
+        workdir = workdir.resolve()
+
+        def check(target: Path) -> str:
+            inside = target.is_relative_to(workdir)
+            subject = display(workdir, target)
+            decisions = [self.decide(name, subject, reads=True, inside=inside, always=always)
+                         for name in (tool, "read_file")]  # fmt: skip
+            if any(d.action == "deny" for d in decisions):
+                return "deny"
+            if decisions[0].action == "ask" and root_approved and target.is_relative_to(root):
+                return "allow"
+            return decisions[0].action
+
+        return check
 
 
 def _check_private(path: Path) -> None:
