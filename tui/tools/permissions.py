@@ -15,6 +15,12 @@ ask, and the UI says why.
 Paths are matched after symlinks are resolved, relative to the working directory (absolute
 outside it); a glob without "/" also matches the file's name in any folder (".env*" denies
 sub/.env too). grep decides every file it reaches the same way (file_check).
+
+A command line is read with a shell tokenizer (shlex). An allow rule allows only a plain command:
+one that chains (; && || &), pipes, redirects, substitutes ($, `) or spans lines gets asked about,
+unless the rule's match is "*" (every command line). Deny and ask rules apply to the whole line and
+to each command in it. Deny rules on commands are a convenience, not a sandbox: a command can
+always be written another way, which then asks.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import shlex
 import stat
 import tomllib
 from collections.abc import Callable
@@ -33,6 +40,8 @@ from lingcode.tui.tools.files import display
 
 ACTIONS = ("allow", "ask", "deny")
 COMMAND_TOOL = "run_command"
+SHELL_OPERATORS = "();<>|&`"  # bash's metacharacters besides blanks, and ` (command substitution)
+NOT_A_COMMAND = frozenset("{ } ! [[ ]] if then else elif fi do done while until for in case esac time coproc".split())
 
 EXAMPLE = """\
 # lingcode chat: which agent tool calls run without asking. The first matching rule decides.
@@ -42,6 +51,8 @@ EXAMPLE = """\
 #            the whole command line for run_command (default "*")
 #   action = "allow", "ask" or "deny"
 # Without a matching rule, reads inside the working directory are allowed and the rest asks.
+# An allow rule for run_command never allows a line that chains, pipes, redirects or substitutes
+# (git status; rm x): those ask, unless match = "*".
 #
 # [[rule]]
 # tool = "run_command"
@@ -68,11 +79,65 @@ class Rule:
     def applies(self, tool: str, subject: str) -> bool:
         if not fnmatch.fnmatchcase(tool, self.tool):
             return False
-        if tool == COMMAND_TOOL:  # a command line, not a path
-            return fnmatch.fnmatchcase(subject, self.match)
+        if tool == COMMAND_TOOL:
+            return self._applies_to_command(subject)
         if fnmatch.fnmatchcase(subject, self.match):
             return True
         return "/" not in self.match and fnmatch.fnmatchcase(posixpath.basename(subject), self.match)
+
+    def _applies_to_command(self, line: str) -> bool:
+        if self.match == "*":
+            return True
+        if self.action == "allow":  # only a plain command: nothing else may ride along
+            return plain_command(line) and fnmatch.fnmatchcase(line, self.match)
+        return any(fnmatch.fnmatchcase(part, self.match) for part in (line, *commands_in(line)))
+
+
+def _tokens(line: str) -> list[str] | None:
+    """The command line's words and operators, as a shell splits them; None if it cannot be split."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=SHELL_OPERATORS)
+    lexer.whitespace_split = True
+    lexer.commenters = ""  # shlex would end a line at any "#"; bash only at a word's start
+    try:
+        return list(lexer)
+    except ValueError:  # an unclosed quote
+        return None
+
+
+def _operator(token: str) -> bool:
+    return all(c in SHELL_OPERATORS for c in token)  # an escaped or quoted lone ";" too: it errs to asking
+
+
+def plain_command(line: str) -> bool:
+    """One command and its arguments: no operator, redirection, expansion ($, `) or second line."""
+    if any(c in line for c in "$`\n\0"):
+        return False
+    tokens = _tokens(line)
+    return tokens is not None and not any(_operator(t) for t in tokens)
+
+
+def commands_in(line: str) -> list[str]:
+    """Each command of the line, its words joined by one space, without leading keywords or VAR=value."""
+    tokens = _tokens(line.replace("\n", ";").replace("$(", "("))
+    if tokens is None:
+        return []
+    commands, words = [], []
+    for token in [*tokens, ";"]:
+        if not _operator(token):
+            if words or (token not in NOT_A_COMMAND and not _assignment(token)):
+                words.append(token)
+            continue
+        if words:
+            commands.append(" ".join(words))
+        words = []
+    return commands
+
+
+def _assignment(word: str) -> bool:
+    name, equals, _ = word.partition("=")
+    return bool(equals) and name.isidentifier()
+
+
 
 
 @dataclass(frozen=True)
