@@ -465,3 +465,31 @@ async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch
             assert [m.role for m in store.messages(app.session.id)] == ["user", "assistant"]
     finally:
         store.close()
+
+
+async def test_a_row_damaged_by_hand_is_reported_and_the_session_continues(home, tmp_path):
+    """`lingcode chat -c` on a store whose always_allow reads `[}` (issue 18, item 9): it exited with a
+    JSONDecodeError; now the session opens, the chat says what was damaged, and goes on."""
+    path = tmp_path / "chat.sqlite3"
+    store = SessionStore(path)
+    session = store.create(title="earlier")
+    store.update(session.id, always_allow=["grep"])
+    store.add(session.id, "user", "first question")
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'["grep"]', b'["grep"}'))
+    store = SessionStore(path)
+    app = chat_app(store, tmp_path, resume="last")  # what `lingcode chat -c` builds
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: any("damaged rows" in n for n in notes(app)), "the note on the damaged row")
+            [note] = [n for n in app.query(NoteView) if "damaged rows" in n.source]
+            assert "session 1: its always_allow cannot be read" in note.source and note.has_class("error")
+            assert app.session.id == session.id and app.session.always_allow == []
+            await connected(pilot)
+            await send(pilot, "second question")
+            await answered(pilot)
+            assert [m.content for m in store.messages(session.id)][:2] == ["first question", "second question"]
+    finally:
+        store.close()

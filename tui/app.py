@@ -108,6 +108,7 @@ class ChatApp(CommandActions, App):
                 await self.open_session(session)
             else:
                 await self.note("No earlier session to continue; this is a new one.")
+        await self.note_store_problems()
         self.show_header()
         self.connect()
 
@@ -415,6 +416,7 @@ class ChatApp(CommandActions, App):
             for call in m.tool_calls:
                 widgets.append(ToolCallView(Call.from_openai(call), results.get(call.get("id"), INTERRUPTED_RESULT)))
         await self.chat.mount_all(widgets)
+        await self.note_store_problems()
         self.chat.scroll_end(animate=False)
         self.update_stats()
         self.show_header()
@@ -455,6 +457,13 @@ class ChatApp(CommandActions, App):
 
     async def note(self, text: str, *, error: bool = False) -> None:
         await self.chat.mount(NoteView(text, error=error))
+
+    async def note_store_problems(self) -> None:
+        """Rows of the history that were damaged (edited by hand, say) and read as empty or left out."""
+        if problems := self.store.take_problems():
+            await self.note(f"The chat history {self.store.path} has damaged rows: " + "; ".join(problems[:5])
+                            + (f"; and {len(problems) - 5} more (see the log)" if len(problems) > 5 else ""),
+                            error=True)  # fmt: skip
 
     def action_stop(self) -> None:
         if self.answering:
