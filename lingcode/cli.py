@@ -503,6 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     except (models.ModelNotFound, models.PullError, EngineStartError) as e:
         print(f"lingcode: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except paths.NotPrivate as e:  # a directory or file of lingcode's that another user owns
+        print(f"lingcode: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -76,7 +76,7 @@ def start_daemon(
 ) -> Daemon:
     """Start `lingcode serve` detached and wait until it answers; on_progress gets its log lines."""
     say = on_progress or (lambda _line: None)
-    log = log_file()
+    log = paths.private_file(log_file())
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "lingcode", "serve", *serve_args],

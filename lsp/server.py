@@ -12,7 +12,9 @@ The handlers are async and only await the daemon over HTTP, so a didChange, a $/
 another request is handled while a completion is in flight. The work is in completer.py.
 
 Messages are read by wire.py, not by pygls' own loop: malformed or over-size input (a message is
-at most 32 MiB) is logged and skipped, and the server goes on with the next message.
+at most 32 MiB) is logged and skipped, and the server goes on with the next message. A file is
+never read on the message loop: an unopened document is read on a thread, and only if it is a
+regular file of at most 32 MiB (a FIFO would block the read for ever).
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ import threading
 import uuid
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument
 
 from lingcode import __version__
 from lingcode.lsp.completer import Completer, Cursor, Settings
 from lingcode.lsp.daemon_link import DaemonLink, Progress
 from lingcode.lsp.early import First, HeldBack, Replay, initialize_result
-from lingcode.lsp.wire import MessageReader, dispatch
+from lingcode.lsp.wire import MAX_MESSAGE_BYTES, MessageReader, dispatch
+from lingcode.regular_file import read_regular_file
 
 STATS = "lingcode/stats"
 WORD = re.compile(r"[A-Za-z0-9_]*$")
@@ -95,17 +101,17 @@ class LingcodeServer(LanguageServer):
     def log(self, message: str, kind: types.MessageType = types.MessageType.Log) -> None:
         self.window_log_message(types.LogMessageParams(type=kind, message=message))
 
-    def cursor(
+    async def cursor(
         self, uri: str, position: types.Position, selected: types.SelectedCompletionInfo | None
     ) -> Cursor | None:
         """The document as it is now, with the cursor (and a selected popup item typed in); None if
         the document is neither open nor readable."""
-        doc = self.workspace.get_text_document(uri)
         try:
-            text = doc.source  # an unopened document is read from disk
+            doc = await self.document(uri)
         except (OSError, UnicodeDecodeError) as exc:
             self.log(f"lingcode: cannot complete in {uri}: {exc}", types.MessageType.Warning)
             return None
+        text = doc.source
         offset = doc.offset_at_position(position)
         line = doc.position_from_client_units(position).line
         if selected is not None:  # complete as if the selected completion item were typed
@@ -114,6 +120,18 @@ class LingcodeServer(LanguageServer):
         root = self.workspace.root_path
         return Cursor(uri, text, offset, line, self.relative_path(doc.path or uri), doc.language_id,
                       Path(root).name if root else None)  # fmt: skip
+
+    async def document(self, uri: str) -> TextDocument:
+        """The open document, or an unopened one read from disk: a regular file of at most
+        MAX_MESSAGE_BYTES, read on a thread (pygls' own read would block the message loop, for
+        ever on a FIFO). OSError or UnicodeDecodeError if it cannot be read."""
+        doc = self.workspace.get_text_document(uri)
+        if unquote(uri) in self.workspace.text_documents:
+            return doc
+        if to_fs_path(uri) is None:  # untitled:, or another scheme with nothing on disk
+            raise FileNotFoundError(f"{uri} is neither open nor a file")
+        data = await asyncio.to_thread(read_regular_file, doc.path, MAX_MESSAGE_BYTES)
+        return TextDocument(uri, source=data.decode("utf-8"), position_codec=self.workspace.position_codec)
 
     def relative_path(self, path: str) -> str:
         root = self.workspace.root_path
@@ -213,7 +231,7 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
     async def inline_completion(ls: LingcodeServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
         uri, selected = params.text_document.uri, params.context.selected_completion_info
         ls.took_focus(uri)
-        cursor = ls.cursor(uri, params.position, selected)
+        cursor = await ls.cursor(uri, params.position, selected)
         text = await ls.completer.complete(cursor) if cursor is not None else None
         if not text:
             return types.InlineCompletionList(items=[])
@@ -227,7 +245,7 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
     async def completion(ls: LingcodeServer, params: types.CompletionParams) -> types.CompletionList:
         uri = params.text_document.uri
         ls.took_focus(uri)
-        cursor = ls.cursor(uri, params.position, None)
+        cursor = await ls.cursor(uri, params.position, None)
         text = await ls.completer.complete(cursor) if cursor is not None else None
         # Incomplete: the editor asks again as the user types (the typed-ahead cache answers).
         if not text:

@@ -14,7 +14,8 @@ Here instead:
 - `Content-Length: N` ends a line, wherever that line starts: after garbage, the next message is
   found again. A JSON body cannot fake one, since JSON allows no raw line break inside a string.
 - Only JSON-RPC 2.0 objects reach pygls. Anything else is logged and dropped; a request among
-  them that has an id gets an error answer.
+  them that has an id gets an error answer. So does one with an integer longer than Python's
+  int-string limit (4,300 digits), which json.loads would otherwise refuse before the id is known.
 
 The protocol has no way to skip a body whose Content-Length is larger than what was sent but under
 the limit: the messages after it are read as the rest of that body, up to its length.
@@ -29,7 +30,7 @@ import reprlib
 from collections.abc import Callable
 from typing import BinaryIO
 
-from pygls.exceptions import JsonRpcException, JsonRpcInternalError, JsonRpcInvalidRequest
+from pygls.exceptions import JsonRpcException, JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcInvalidRequest
 from pygls.protocol import JsonRPCProtocol
 
 # Well over any source file an editor sends whole (didOpen), far under what a machine can hold.
@@ -107,10 +108,24 @@ class MessageReader:
 def dispatch(protocol: JsonRPCProtocol, body: bytes, report: Report) -> None:
     """Hand one message body to pygls if it is a JSON-RPC 2.0 message; else report it, and answer it
     if it is a request with an id (its client would otherwise wait forever)."""
+    too_long: list[int] = []  # the digit counts of integers int() refuses (read as null meanwhile)
+
+    def parse_int(literal: str) -> int | None:
+        try:
+            return int(literal)
+        except ValueError:
+            too_long.append(len(literal))
+            return None
+
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_int=parse_int)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         report(f"a message that is not JSON was dropped: {exc}")
+        return
+    if too_long:
+        problem = f"a message with an integer of {max(too_long)} digits was dropped"
+        report(problem)
+        _answer_error(protocol, data, JsonRpcInvalidParams(f"{problem}: no LSP field takes a number that long"))
         return
     if not isinstance(data, dict) or data.get("jsonrpc") != "2.0":
         report("a message that is not a JSON-RPC 2.0 object was dropped")

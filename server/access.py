@@ -16,6 +16,7 @@ before it is accepted (the server answers 403).
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable
 
 from starlette.datastructures import Headers
@@ -24,15 +25,30 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from lingcode.server.errors import APIError
 
 LOOPBACK_NAMES = frozenset({"localhost"})
+# RFC 9110's Host: a DNS name or IPv4 address, or an IPv6 literal in brackets, then an optional
+# :port of digits. Nothing else may follow: "[::1]evil.com" or "localhost:evil" is no loopback host.
+HOST = re.compile(r"(?:\[(?P<ipv6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_.])?))(?::[0-9]{1,5})?")
 
 
-def host_name(host_header: str) -> str:
-    """The name or address in a Host header, without its port, lowercased: "[::1]:8377" -> "::1"."""
+def host_name(host_header: str) -> str | None:
+    """The name or address in a Host header, without its port, lowercased: "[::1]:8377" -> "::1".
+
+    None if the header is no well-formed host. A bare IPv6 address ("::1", as --allow-host may
+    give it) is taken whole.
+    """
     host = host_header.strip().lower()
-    if host.startswith("["):  # an IPv6 literal
-        return host[1 : host.find("]")] if "]" in host else host
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return name.rstrip(".")
+    match = HOST.fullmatch(host)
+    if match is None:
+        try:
+            return str(ipaddress.IPv6Address(host))
+        except ValueError:
+            return None
+    if match["ipv6"] is not None:
+        try:
+            return str(ipaddress.IPv6Address(match["ipv6"]))
+        except ValueError:
+            return None
+    return match["name"].removesuffix(".") or None
 
 
 def is_loopback_host(name: str) -> bool:
@@ -51,14 +67,14 @@ def normalize_origin(origin: str) -> str:
 class AccessGuard:
     def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()):
         self.app = app
-        self.allowed_hosts = frozenset(host_name(h) for h in allowed_hosts)
+        self.allowed_hosts = frozenset(name for h in allowed_hosts if (name := host_name(h)) is not None)
         self.allowed_origins = frozenset(normalize_origin(o) for o in allowed_origins)
 
     def host_allowed(self, host_header: str | None) -> bool:
         if not host_header:
             return False
         name = host_name(host_header)
-        return is_loopback_host(name) or name in self.allowed_hosts
+        return name is not None and (is_loopback_host(name) or name in self.allowed_hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

@@ -67,7 +67,7 @@ def create_app(
     async def root() -> dict:  # Claude Code sends HEAD / when it starts
         return {"status": "ok"}
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: monitors probe with it; no body
     async def health() -> dict:
         return {"status": "ok", "model": model_id}
 

@@ -7,12 +7,14 @@ instead of the 413.
 
 What Python's json module accepts beyond JSON is a 400 too, found by fuzzing: NaN and Infinity,
 nesting deeper than the parser's recursion limit, and lone UTF-16 surrogates ("\ud800"), which
-are no text a tokenizer can take.
+are no text a tokenizer can take. So are numbers Python cannot hold: an integer literal longer
+than its int-string limit (4,300 digits: int() raises), and one too large for a double (1e400).
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -45,7 +47,7 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
     if not body.strip():
         raise invalid("the request body is empty; send a JSON object")
     try:
-        data = json.loads(body, parse_constant=_not_json)
+        data = json.loads(body, parse_constant=_not_json, parse_int=_int, parse_float=_float)
     except UnicodeDecodeError:
         raise invalid("the request body is not UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
@@ -58,6 +60,21 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
 
 def _not_json(constant: str) -> None:
     raise invalid(f"the request body is not valid JSON: {constant} is not a JSON number")
+
+
+def _int(literal: str) -> int:
+    try:
+        return int(literal)
+    except ValueError:  # over sys.get_int_max_str_digits(): no field takes a number that long
+        raise invalid(f"the request body has an integer of {len(literal)} digits; that is no number this API "
+                      "takes") from None  # fmt: skip
+
+
+def _float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise invalid(f"the request body has a number too large to hold: {literal[:40]}")
+    return value
 
 
 def _check_text(data: object) -> None:

@@ -1,6 +1,7 @@
 """`lingcode serve`: the daemon in the foreground.
 
-In order: refuse if a daemon is already answering at the address daemon.json names; make sure
+In order: take this home's daemon lock (flock on state/daemon.lock, held for the daemon's life:
+a second daemon on the same LINGCODE_HOME exits at once, saying who holds it); make sure
 the token file exists (created once, 0600); bind the socket (so `--port 0` gets a free port
 whose number we know, and a busy port fails before the model loads), and the optional Unix
 socket (0600, no token needed); load the engine; run uvicorn on those sockets. Once uvicorn
@@ -14,6 +15,7 @@ Only loopback addresses are bound unless --allow-remote is given, and then with 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import os
@@ -63,20 +65,18 @@ def _write_new(path: Path, text: str) -> Path:
 
 
 def ensure_token(path: Path) -> str:
-    """The daemon's token: read from `path`, or created there (32 random bytes, url-safe, 0600)."""
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        token = None
+    """The daemon's token: read from `path`, or created there (32 random bytes, url-safe, 0600).
+
+    Only a regular file of this user's is read (never through a symlink). Anything else found
+    there, such as a file another user planted while the directory was open to them, is never
+    trusted: it is replaced, atomically, by a new token, and a warning says so.
+    """
+    token = _trusted_token(path)
     if token:
-        if os.name == "posix" and path.stat().st_mode & 0o077:
-            os.chmod(path, 0o600)  # someone loosened it; a token readable by others is no token
         return token
-    token_missing = token is None
-    token = secrets.token_urlsafe(32)
-    tmp = _write_new(path, token)
+    tmp = _write_new(path, secrets.token_urlsafe(32))
     try:
-        if token_missing:
+        if token is None:
             try:
                 os.link(tmp, path)  # create-if-absent, atomically: if a daemon starting at the same
             except FileExistsError:  # time won the race, use its token
@@ -84,10 +84,36 @@ def ensure_token(path: Path) -> str:
             except (OSError, AttributeError):  # no hard links here
                 os.replace(tmp, path)
         else:
-            os.replace(tmp, path)  # an empty token file is replaced
+            os.replace(tmp, path)  # an empty or untrusted token file: the name now points at ours
     finally:
         tmp.unlink(missing_ok=True)
-    return token
+    return ensure_token(path)
+
+
+def _trusted_token(path: Path) -> str | None:
+    """The token in `path`; None if there is no file; "" if it is empty or not this user's file to trust."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO must not block us
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symbolic link; or a file we may not read
+        return _untrusted(path, exc.strerror or str(exc))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return _untrusted(path, "not a regular file")
+        if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+            return _untrusted(path, f"it belongs to uid {info.st_uid}")
+        if os.name == "posix" and info.st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # someone loosened it; a token readable by others is no token
+        return f.read(4096).decode("utf-8", "replace").strip()
+
+
+def _untrusted(path: Path, why: str) -> str:
+    print(f"lingcode serve: WARNING: the token file {path} is not this user's own file ({why}); it is "
+          "replaced by a new token", file=sys.stderr, flush=True)  # fmt: skip
+    return ""
 
 
 def write_daemon_file(path: Path, record: dict) -> None:
@@ -198,9 +224,55 @@ def socket_url(sock: socket.socket) -> str:
     return f"http://{host}:{port}"
 
 
+# --- one daemon per home ---------------------------------------------------------------------
+
+
+def lock_home(path: Path):
+    """This home's daemon lock, held until the returned file is closed; None if another process holds it.
+
+    flock, not a check of daemon.json: two daemons started at the same moment would both find no
+    file, both load and both serve, and daemon.json would name only the second. The kernel
+    drops the lock when its holder exits, however it exits.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): daemon.json's check is all there is
+        return open(os.devnull)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    lock = os.fdopen(fd, "r+")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")  # for the message the next one prints
+    lock.flush()
+    return lock
+
+
+def _holding_home_lock(run):
+    @functools.wraps(run)
+    def serve(**options) -> int:
+        lock_file, daemon_file = paths.daemon_lock_file(), paths.daemon_file()
+        lock = lock_home(lock_file)
+        if lock is None:
+            if (other := running_daemon(daemon_file)) is not None:
+                return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']} for this LINGCODE_HOME; "
+                             "stop it first")  # fmt: skip
+            holder = lock_file.read_text().strip() or "?"
+            return _fail(f"another lingcode daemon (pid {holder}) is starting or running for this LINGCODE_HOME "
+                         f"(it holds {lock_file}); use that one, or stop it first")  # fmt: skip
+        with lock:
+            return run(**options)
+
+    return serve
+
+
 # --- serve ------------------------------------------------------------------------------------
 
 
+@_holding_home_lock
 def serve(
     *,
     engine: str,
@@ -359,10 +431,13 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
 
     # access_log off: lingcode.access (server/observability.py) logs each request with its id.
     # proxy_headers off: nothing sits in front of the daemon, so X-Forwarded-For is never believed.
-    # http "auto": httptools (C) parses requests where it is installed, else h11.
+    from lingcode.server.http11 import protocol_class
+
+    # httptools (C) parses requests where it is installed, else h11; either way a request the parser
+    # refuses (a bad Content-Length) is answered in the API's own error shape (server/http11.py).
     config = uvicorn.Config(
-        app, log_config=log_config, log_level=log_level, access_log=False, proxy_headers=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, http="auto",
+        app, http=protocol_class(), log_config=log_config, log_level=log_level, access_log=False,
+        proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )  # fmt: skip
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with

@@ -201,3 +201,82 @@ def test_malformed_bodies_of_the_newer_routes_are_400s_in_their_apis_shape(daemo
         assert answer["error"]["message"].startswith(f"{param}:")
     else:
         assert response.json()["error"]["param"] == param
+
+
+# --- numbers Python cannot hold, on every route that takes a body (issue 18, item 5) -----------------
+
+HUGE_INT = "9" * 5000  # over Python's int-string limit (4,300 digits): json.loads raised ValueError, a 500
+
+
+def _post_routes(daemon, headers) -> list[str]:
+    """Every POST route of the daemon's OpenAPI document, with a real session where it names one."""
+    document = httpx.get(daemon.url + "/openapi.json", headers=headers).json()
+    routes = [path for path, operations in document["paths"].items() if "post" in operations]
+    session = _session(daemon, headers)
+    return [path.replace("{session_id}", session) for path in routes]
+
+
+@pytest.mark.parametrize("number", [HUGE_INT, "-" + HUGE_INT, "1e400"], ids=["5000-digits", "-5000-digits", "1e400"])
+def test_a_number_python_cannot_hold_is_a_400_on_every_post_route(daemon, number):
+    headers = {"Authorization": f"Bearer {daemon.token}", "content-type": "application/json"}
+    routes = _post_routes(daemon, headers)
+    assert len(routes) >= 8 and "/v1/messages" in routes, routes
+    for path in routes:
+        for raw in (f'{{"max_tokens": {number}}}', f'{{"prompt": "hi", "messages": [], "seed": [{number}]}}'):
+            response = httpx.post(daemon.url + path, content=raw.encode(), headers=headers, timeout=60)
+            assert response.status_code == 400, (path, response.text[:300])
+            answer = response.json()
+            error = answer["error"]
+            if path.startswith("/v1/messages"):  # Anthropic's shape
+                assert answer["type"] == "error" and error["type"] == "invalid_request_error", answer
+            else:
+                assert error["type"] == "invalid_request_error", answer
+            assert ("5000 digits" in error["message"] or "5001 digits" in error["message"]
+                    or "too large to hold" in error["message"]), (path, error)  # fmt: skip
+    assert daemon.process.poll() is None
+
+
+# --- HTTP the ASGI app never sees ----------------------------------------------------------------------
+
+
+def _raw(daemon, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Send raw bytes; the status line, headers and body of the answer (the connection is then closed)."""
+    import socket
+
+    host, port = daemon.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(request)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    return status, {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}, body
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-1", b"1, 2", b"0x10", b"9" * 5000, b""],
+                         ids=["abc", "negative", "two", "hex", "5000-digits", "empty"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages?beta=true"])
+def test_a_malformed_content_length_gets_the_apis_error_shape(daemon, length, path):
+    """h11 refuses these before the app; uvicorn answered them in plain text (issue 18, minor)."""
+    request = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %s\r\n\r\n{}" % (path.encode(), daemon.token.encode(), length))  # fmt: skip
+    status, headers, body = _raw(daemon, request)
+    assert status.startswith("HTTP/1.1 400"), status
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    answer = json.loads(body)
+    if path.startswith("/v1/messages"):
+        assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+        assert "Content-Length" in answer["error"]["message"]
+    else:
+        assert answer["error"]["code"] == "invalid_http_request" and "Content-Length" in answer["error"]["message"]
+    assert httpx.get(daemon.url + "/health").status_code == 200  # and the daemon serves on
+
+
+def test_head_health_answers_like_get_without_a_body(daemon):
+    status, headers, body = _raw(daemon, b"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    get = httpx.get(daemon.url + "/health")
+    assert status.startswith("HTTP/1.1 200") and body == b"", (status, body)
+    assert headers["content-type"] == get.headers["content-type"]
+    assert int(headers["content-length"]) == len(get.content)  # what GET would send, as HTTP says
+    assert httpx.head(daemon.url + "/v1/models").status_code in (401, 405)  # the token still guards the rest

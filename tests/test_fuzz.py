@@ -1,7 +1,7 @@
 """Fuzzing the real daemon from its own OpenAPI document (schemathesis): no 5xx, no crash, auth enforced.
 
 Every operation GET /openapi.json lists is fuzzed, so routes added later are covered as soon as
-they are in the document. Request bodies are generated from the models the routes validate
+they are in the document; a test checks that every route of the app that takes a body is in it. Request bodies are generated from the models the routes validate
 against (server/openapi.py: `openapi_extra=request_body(Model)`), valid ones and invalid ones.
 Checks per response: not a server error; schema-invalid data rejected with a 4xx; the token
 actually enforced (schemathesis replays the request without it, and with a wrong one).
@@ -98,6 +98,10 @@ def test_fuzz_every_operation_of_the_document(daemon, auth):
     assert {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/lingcode/complete", "POST /v1/sessions",
             "POST /v1/sessions/{session_id}/turns", "POST /v1/messages", "POST /v1/messages/count_tokens",
             "POST /v1/responses"} <= set(fuzzed)  # fmt: skip
+    document = httpx.get(daemon.url + "/openapi.json", headers=auth).json()
+    with_body = {f"{method.upper()} {path}" for path, operations in document["paths"].items()
+                 for method in operations if method in ("post", "put", "patch")}  # fmt: skip
+    assert with_body <= set(fuzzed), with_body - set(fuzzed)
     assert not failures, "\n\n".join(failures)
     assert daemon.process.poll() is None  # and the daemon is still there
 
@@ -119,6 +123,22 @@ def test_every_route_with_a_body_documents_it(openapi_doc):
         if method in ("post", "put", "patch") and "requestBody" not in operation
     ]
     assert not undocumented, f"routes without a documented body: {undocumented}"
+
+
+def test_every_route_that_takes_a_body_is_in_the_document(engine):
+    """A route left out of the document (include_in_schema=False, or a plain Starlette route) is never fuzzed."""
+    from starlette.routing import Route
+
+    from lingcode.pipeline.scheduler import Scheduler
+    from lingcode.server.app import create_app
+
+    app = create_app(Scheduler(engine), engine.info, "fuzz-token", model_id="m")
+    paths = app.openapi()["paths"]
+    routes = [(method, route.path) for route in app.routes if isinstance(route, Route)
+              for method in route.methods or () if method in ("POST", "PUT", "PATCH")]  # fmt: skip
+    assert len(routes) >= 8
+    missing = [f"{method} {path}" for method, path in routes if method.lower() not in paths.get(path, {})]
+    assert not missing, f"routes with a body that the document (and so the fuzzer) leaves out: {missing}"
 
 
 SAMPLING = {

@@ -24,6 +24,7 @@ import httpx
 import pytest
 from conftest import share_built_caches
 
+from lingcode import paths
 from lingcode.server import daemon as d
 from lingcode.server.access import AccessGuard, host_name
 
@@ -128,7 +129,9 @@ def test_host_header_must_be_loopback_or_configured(guarded):
                  f"{ALLOWED_HOST}:{port}", "LOCALHOST."):  # fmt: skip
         assert httpx.get(guarded.url + "/v1/models", headers={**auth, "Host": host}).status_code == 200, host
     for host in ("attacker.example", f"attacker.example:{port}", "localhost.attacker.example", "192.168.1.20",
-                 "lingcode.test.attacker.example", "0.0.0.0"):  # fmt: skip
+                 "lingcode.test.attacker.example", "0.0.0.0", "[::1]evil.com", "[::1].evil.com", "localhost:evil",
+                 "127.0.0.1:@evil.com", f"localhost:{port}@evil.com", "[::1", "localhost..", "localhost:",
+                 f"127.0.0.1:{port}:{port}", "127.0.0.1/evil.com", "lingcode.test@evil.com"):  # fmt: skip
         for path in ("/v1/models", "/health"):
             response = httpx.get(guarded.url + path, headers={**auth, "Host": host})
             assert response.status_code == 403, (host, path)
@@ -169,6 +172,12 @@ def test_a_websocket_from_another_host_or_page_is_closed_before_it_opens():
 def test_host_names_are_parsed_like_browsers_send_them():
     assert host_name("[::1]:8377") == "::1" and host_name("LocalHost:80") == "localhost"
     assert host_name("example.com.") == "example.com" and host_name("::1") == "::1"
+    assert host_name("[0:0:0:0:0:0:0:1]") == "::1" and host_name("127.0.0.1:8377") == "127.0.0.1"
+    # Strictly a host and an optional :port of digits: anything after it is no loopback name (issue 18).
+    for header in ("[::1]evil.com", "[::1].evil.com", "localhost:evil", "127.0.0.1:@evil.com", "[::1]:80x",
+                   "localhost:80:80", "[::1", "::1]", "local host", "localhost\x00", "", "[]", "[127.0.0.1]"):  # fmt: skip
+        assert host_name(header) is None, header
+        assert not AccessGuard(None).host_allowed(header), header
 
 
 # --- browsers: the Origin header ------------------------------------------------------------------
@@ -209,6 +218,107 @@ def test_state_files_are_private_even_with_a_permissive_umask(tmp_path):
     assert token
     for name in ("token", "daemon.json", "s.sock"):
         assert mode(tmp_path / name) == 0o600, name
+
+
+def _serve(model_path, home: Path, log_path: Path, **popen) -> subprocess.Popen:
+    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu"]
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(command, env={**os.environ, "LINGCODE_HOME": str(home)}, stdout=log,
+                                stderr=subprocess.STDOUT, **popen)  # fmt: skip
+
+
+def _ready(process: subprocess.Popen, daemon_file: Path, log_path: Path) -> dict:
+    deadline = time.monotonic() + 120
+    while not daemon_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the daemon did not start:\n{log_path.read_text()}")
+        time.sleep(0.1)
+    return json.loads(daemon_file.read_text())
+
+
+def test_a_daemon_started_under_umask_000_keeps_its_home_private(model_path, tmp_path):
+    """Issue 18, items 1 and 2: under umask 000 config/ and state/ were 0777, so another user could plant
+    a token (the daemon then chmod-ed the attacker's file to 0600 and used it) or an allow-all rule."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    config = home / "config"
+    config.mkdir()
+    config.chmod(0o777)  # as an older lingcode left it under umask 000
+    planted = tmp_path / "attackers-token"
+    planted.write_text("planted-token\n")
+    planted.chmod(0o644)
+    (config / "token").symlink_to(planted)  # what another user could then put there
+    log_path = tmp_path / "daemon.log"
+    process = _serve(model_path, home, log_path, umask=0)
+    try:
+        record = _ready(process, home / "state" / "daemon.json", log_path)
+        directories = [p for p in home.rglob("*") if p.is_dir()]
+        assert {p.name for p in directories} >= {"config", "state"}
+        for directory in directories:
+            assert mode(directory) == 0o700, directory
+        for name in ("config/token", "state/daemon.json", "state/daemon.lock"):
+            path = home / name
+            assert stat.S_ISREG(path.lstat().st_mode) and mode(path) == 0o600, name
+        token = (home / "config" / "token").read_text().strip()
+        assert record["token_file"] == str(home / "config" / "token") and token != "planted-token"
+        assert planted.read_text() == "planted-token\n" and mode(planted) == 0o644  # neither used nor touched
+        models = record["url"] + "/v1/models"
+        assert httpx.get(models, headers={"Authorization": "Bearer planted-token"}).status_code == 401
+        assert httpx.get(models, headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        assert "is not this user's own file" in log_path.read_text()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, log_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_the_chat_keeps_its_history_and_log_private_under_umask_000(tmp_path, monkeypatch):
+    """Issue 18, item 2: data/chat.sqlite3 (and -wal, -shm) and state/chat.log were 0644 (0666 under umask 000).
+
+    `lingcode chat --resume` of a session that does not exist opens the log and the store as every
+    chat does, then stops before the terminal UI: a real process, under a real umask.
+    """
+    home = tmp_path / "home"
+    result = subprocess.run([sys.executable, "-m", "lingcode", "chat", "--resume", "999"], umask=0, timeout=120,
+                            env={**os.environ, "LINGCODE_HOME": str(home)}, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "there is no chat session 999" in result.stderr, result.stderr
+    assert mode(home) == 0o700  # made by lingcode, as LINGCODE_HOME did not exist
+    for directory in ("state", "data"):
+        assert mode(home / directory) == 0o700, directory
+    for name in ("state/chat.log", "data/chat.sqlite3"):
+        assert mode(home / name) == 0o600, name
+    # A directory made loose later is tightened again; one that another user owns is refused.
+    (home / "state").chmod(0o777)
+    monkeypatch.setenv("LINGCODE_HOME", str(home))
+    assert mode(paths.state_dir()) == 0o700
+    if os.geteuid() == 0:
+        os.chown(home / "data", 65534, 65534)
+        result = subprocess.run([sys.executable, "-m", "lingcode", "chat", "--resume", "999"], timeout=120,
+                                env={**os.environ, "LINGCODE_HOME": str(home)}, capture_output=True, text=True)  # fmt: skip
+        assert result.returncode == 1 and "belongs to another user (uid 65534)" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_a_token_file_that_is_not_this_users_own_is_replaced_never_used(tmp_path, capsys):
+    """Planted while the directory was open to others (issue 18, item 1): a link to a file the attacker
+    knows, a FIFO (reading it would block the start for ever), another user's file (only root can make one)."""
+    planted = tmp_path / "attackers-token"
+    planted.write_text("planted-token\n")
+    planted.chmod(0o644)
+    cases = {"link": lambda path: path.symlink_to(planted), "fifo": os.mkfifo}
+    if os.geteuid() == 0:
+        cases["another user's"] = lambda path: (path.write_text("planted-token"), os.chown(path, 65534, 65534))
+    for what, plant in cases.items():
+        path = tmp_path / f"token-{what}"
+        plant(path)
+        token = d.ensure_token(path)
+        assert token != "planted-token" and len(token) >= 43, what
+        assert not path.is_symlink() and stat.S_ISREG(path.lstat().st_mode) and mode(path) == 0o600, what
+        assert path.stat().st_uid == os.geteuid() and path.read_text() == token, what
+        assert "is not this user's own file" in capsys.readouterr().err, what
+    assert planted.read_text() == "planted-token\n" and mode(planted) == 0o644  # not chmod-ed, not used
 
 
 def test_racing_starts_agree_on_one_token(tmp_path):

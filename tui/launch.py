@@ -20,7 +20,8 @@ def log_file() -> Path:
 def main(args: argparse.Namespace) -> int:
     # Textual owns the terminal, so lingcode's own logging goes to a file, never to the screen.
     logging.basicConfig(
-        filename=log_file(), level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True
+        filename=paths.private_file(log_file()), level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True,
     )
     store = SessionStore()
     resume: int | str | None = "last" if args.continue_ else None

@@ -4,15 +4,19 @@ WAL mode with autocommit: every change is committed at once, so an answer that i
 before it is shown survives the app being killed mid-answer. Schema changes are numbered
 migrations that only ever add (PRAGMA user_version), so an upgrade never loses history.
 
-A damaged database (not SQLite at all, truncated, pages that do not check out) must not stop the
-chat from starting: it is moved aside, kept for recovery, and a new, empty store takes its place;
-`recovered` then says so, for the app to show.
+A damaged database (not SQLite at all, truncated, pages that do not check out, or tables and
+columns this version cannot find or create) must not stop the chat from starting: it is moved
+aside, kept for recovery, and a new, empty store takes its place; `recovered` then says so, for
+the app to show. A sound database can still hold rows edited by hand (`[}` for a JSON list):
+such a value is read as empty, a row that cannot be read at all (an unknown role) is skipped,
+and each is reported once in `problems` (and the log), for the app to show. Nothing is rewritten.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import reprlib
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -25,6 +29,9 @@ log = logging.getLogger("lingcode.tui")
 # SQLite's answers for "this file is not a (sound) database"; anything else (locked, unreadable,
 # disk full) is no damage of the file, and moving it aside would lose a sound history.
 DAMAGE_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+ROLES = ("user", "assistant", "tool")
+STATES = ("done", "streaming", "stopped", "error")
 
 MIGRATIONS = [
     """
@@ -95,17 +102,30 @@ class SessionStore:
         self.path = Path(path) if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.recovered: str | None = None  # set when a damaged store was moved aside: what to tell the person
+        self.problems: list[str] = []  # damaged rows met, not yet shown (take_problems)
+        self._reported: set[tuple] = set()
         try:
-            self.db = _open(self.path)
+            self.db = _open(_private(self.path))
         except StoreDamaged as damage:
             aside = move_aside(self.path)
             self.recovered = (f"The chat history {self.path} was damaged ({damage}). It was moved to {aside} "
                               "and a new, empty history was started.")  # fmt: skip
             log.error("%s", self.recovered)
-            self.db = _open(self.path)
+            self.db = _open(_private(self.path))
 
     def close(self) -> None:
         self.db.close()
+
+    def take_problems(self) -> list[str]:
+        """The damaged rows met since the last call: what to tell the person."""
+        problems, self.problems = self.problems, []
+        return problems
+
+    def _report(self, key: tuple, problem: str) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            self.problems.append(problem)
+            log.error("%s: %s", self.path, problem)
 
     # sessions
 
@@ -119,12 +139,12 @@ class SessionStore:
 
     def get(self, session_id: int) -> Session | None:
         row = self.db.execute(f"{_SESSION_SELECT} WHERE s.id = ? GROUP BY s.id", (session_id,)).fetchone()
-        return _session(row) if row else None
+        return self._session(row) if row else None
 
     def sessions(self) -> list[Session]:
         """All sessions, the most recently used first."""
         rows = self.db.execute(f"{_SESSION_SELECT} GROUP BY s.id ORDER BY s.updated DESC, s.id DESC")
-        return [_session(row) for row in rows]
+        return [self._session(row) for row in rows]
 
     def last(self) -> Session | None:
         sessions = self.sessions()
@@ -164,11 +184,59 @@ class SessionStore:
 
     def message(self, message_id: int) -> Message | None:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
-        return _message(row) if row else None
+        return self._message(row) if row else None
 
     def messages(self, session_id: int) -> list[Message]:
         rows = self.db.execute("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,))
-        return [_message(row) for row in rows]
+        return [message for row in rows if (message := self._message(row)) is not None]
+
+    # rows, as read: what a hand-edited row holds is checked, never trusted
+
+    def _session(self, row: sqlite3.Row) -> Session:
+        where = f"session {row['id']}"
+        return Session(
+            id=row["id"], title=_text(row["title"]), system=_text(row["system"]), agent=bool(row["agent"]),
+            workdir=_text(row["workdir"]), context_start=_number(row["context_start"], int),
+            always_allow=self._column(row, where, "always_allow", [], _strings),
+            created=_number(row["created"], float), updated=_number(row["updated"], float),
+            message_count=row["message_count"],
+        )  # fmt: skip
+
+    def _message(self, row: sqlite3.Row) -> Message | None:
+        where = f"message {row['id']} of session {row['session_id']}"
+        role = row["role"]
+        if role not in ROLES:
+            self._report(("message", row["id"]), f"{where} has the role {reprlib.repr(role)}; it is left out")
+            return None
+        state = row["state"] if row["state"] in STATES else "done"
+        if state != row["state"]:
+            self._report(("message", row["id"], "state"), f"{where} has the state {reprlib.repr(row['state'])}; "
+                                                           "it is taken as done")  # fmt: skip
+        return Message(
+            id=row["id"], session_id=row["session_id"], role=role, content=_text(row["content"]),
+            attachments=self._column(row, where, "attachments", [], _attachments),
+            tool_calls=self._column(row, where, "tool_calls", [], _tool_calls),
+            tool_call_id=None if row["tool_call_id"] is None else _text(row["tool_call_id"]), state=state,
+            error=None if row["error"] is None else _text(row["error"]),
+            stats=self._column(row, where, "stats", {}, lambda value: isinstance(value, dict)),
+            created=_number(row["created"], float),
+        )  # fmt: skip
+
+    def _column(self, row: sqlite3.Row, where: str, column: str, empty, valid):
+        """A JSON column's value; `empty` (reported) if it is not JSON or not of its shape."""
+        raw = row[column]
+        if raw is None:
+            return empty
+        try:
+            value = json.loads(raw)
+        except (ValueError, TypeError, RecursionError):
+            pass
+        else:
+            if valid(value):
+                return value
+        self._report((where, column), f"{where}: its {column} cannot be read ({reprlib.repr(raw)}); it is taken as "
+                                      f"{json.dumps(empty)}")  # fmt: skip
+        return empty
 
     def set_content(self, message_id: int, content: str) -> None:
         """The answer so far; called before each fragment is shown."""
@@ -214,10 +282,48 @@ def _open(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _private(path: Path) -> Path:
+    """The store's files made 0600 whatever the umask: every chat is in them. SQLite gives the -wal
+    and -shm files it creates the database's mode; ones left from before are tightened here."""
+    for part in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if (part == path or part.exists()) and not part.is_dir():  # a directory in the way: SQLite says so
+            paths.private_file(part)
+    return path
+
+
 def _migrate(db: sqlite3.Connection) -> None:
+    """Run the migrations the store lacks, then check that every table and column is there.
+
+    StoreDamaged if a migration fails (user_version says less than the tables hold) or the
+    tables are not there (user_version says more: a newer lingcode's store keeps them all).
+    """
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+    for number, script in enumerate(MIGRATIONS[max(version, 0):], start=max(version, 0) + 1):
+        try:
+            db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
+        except sqlite3.OperationalError as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise StoreDamaged(f"it says it is at version {version}, but migration {number} fails on it: "
+                               f"{exc}") from None
+    for table, columns in _expected_columns().items():
+        found = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if not found:
+            raise StoreDamaged(f"it has no table {table} (user_version {version})")
+        if missing := columns - found:
+            raise StoreDamaged(f"its table {table} lacks the columns {', '.join(sorted(missing))}")
+
+
+def _expected_columns() -> dict[str, set[str]]:
+    """The tables and columns the migrations make, read from a fresh in-memory database."""
+    memory = sqlite3.connect(":memory:")
+    try:
+        memory.executescript("".join(MIGRATIONS))
+        tables = [row[0] for row in memory.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        tables = [t for t in tables if t != "sqlite_sequence"]  # SQLite's own, for AUTOINCREMENT
+        return {t: {row[1] for row in memory.execute(f"PRAGMA table_info({t})")} for t in tables}
+    finally:
+        memory.close()
 
 
 def move_aside(path: Path) -> Path:
@@ -242,18 +348,32 @@ def _json(value) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def _session(row: sqlite3.Row) -> Session:
-    return Session(
-        id=row["id"], title=row["title"], system=row["system"], agent=bool(row["agent"]), workdir=row["workdir"],
-        context_start=row["context_start"], always_allow=json.loads(row["always_allow"]),
-        created=row["created"], updated=row["updated"], message_count=row["message_count"],
-    )  # fmt: skip
+def _text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
 
 
-def _message(row: sqlite3.Row) -> Message:
-    return Message(
-        id=row["id"], session_id=row["session_id"], role=row["role"], content=row["content"],
-        attachments=json.loads(row["attachments"] or "[]"), tool_calls=json.loads(row["tool_calls"] or "[]"),
-        tool_call_id=row["tool_call_id"], state=row["state"], error=row["error"],
-        stats=json.loads(row["stats"] or "{}"), created=row["created"],
-    )  # fmt: skip
+def _number(value, kind: type):
+    try:
+        return kind(value)
+    except (TypeError, ValueError, OverflowError):
+        return kind(0)
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _attachments(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(a, dict) and isinstance(a.get("path"), str) and isinstance(a.get("text"), str) for a in value
+    )
+
+
+def _tool_calls(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(call, dict) and isinstance(call.get("function", {}), dict) for call in value
+    )

@@ -24,6 +24,7 @@ class Tool:
     kind: str  # read | write | command
     subject: str  # the argument naming what the call touches: a path or the command line
     run: Callable[..., Any]
+    walks: bool = False  # reads the files under its path: run takes `check`, deciding each one
 
     def schema(self) -> dict:
         function = {"name": self.name, "description": self.description, "parameters": self.parameters}
@@ -45,7 +46,7 @@ TOOLS = {tool.name: tool for tool in [
     Tool("grep", "Search files for a Python regular expression; prints path:line: text.",
          _object(["pattern"], pattern={"type": "string"}, path=_PATH,
                  glob={"type": "string", "description": "file name glob, such as *.py"}),
-         "read", "path", files.grep),
+         "read", "path", files.grep, walks=True),
     Tool("apply_edit", "Replace the one occurrence of old_text in a file with new_text.",
          _object(["path", "old_text", "new_text"], path=_PATH, old_text={"type": "string"},
                  new_text={"type": "string"}),
@@ -117,8 +118,15 @@ class Call:
             return "bash", args["command"]
         return "json", json.dumps(args, indent=2, ensure_ascii=False)
 
-    async def run(self, workdir: Path) -> str:
+    def root(self, workdir: Path) -> Path:
+        """The resolved path the call names (file tools)."""
+        return files.resolve(workdir, self.args().get("path", "."))
+
+    async def run(self, workdir: Path, check: Callable[[Path], str] | None = None) -> str:
+        """check: for a tool that walks, how each file it reaches is treated (Permissions.file_check)."""
         run, args = self.tool.run, self.args()
+        if self.tool.walks and check is not None:
+            args = {**args, "check": check}
         if asyncio.iscoroutinefunction(run):
             return await run(workdir, **args)
         return await asyncio.to_thread(run, workdir, **args)

@@ -2,6 +2,11 @@
 
 Results are text for the model. Anything cut to keep a result small says so in the result, with
 how to get the rest: the model is never shown a silently shortened file.
+
+Only regular files of bounded size are read (lingcode/regular_file.py): a FIFO or a device in
+the tree never blocks a tool. grep decides every file it reaches, after symlinks, with a check
+from the permission rules (permissions.py, Permissions.file_check): files a rule denies, and
+links leading out of the searched path, are not searched, and the result says so.
 """
 
 from __future__ import annotations
@@ -10,13 +15,18 @@ import difflib
 import fnmatch
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+
+from lingcode.regular_file import UnreadableFile, read_regular_file
 
 READ_LINES = 400  # lines per read_file call
 MAX_LINE_CHARS = 2000
 LIST_ENTRIES = 500
 GREP_MATCHES = 100
 GREP_FILE_BYTES = 2_000_000  # bigger files are not searched (and the result says how many were skipped)
+READ_FILE_BYTES = 20_000_000  # read_file reads the whole file to number its lines; past this, grep or a command
+NAMED_FILES = 10  # files grep held back, named in its result
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".pytest_cache"}
 
 
@@ -38,12 +48,15 @@ def display(workdir: Path, path: Path) -> str:
         return str(path)
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, max_bytes: int = READ_FILE_BYTES) -> str:
     if not path.exists():
         raise ToolError(f"{path} does not exist")
     if path.is_dir():
         raise ToolError(f"{path} is a directory; use list_dir")
-    data = path.read_bytes()
+    try:
+        data = read_regular_file(path, max_bytes)
+    except UnreadableFile as e:
+        raise ToolError(str(e)) from None
     if b"\0" in data[:8192]:
         raise ToolError(f"{path} is a binary file ({len(data)} bytes)")
     try:
@@ -79,10 +92,20 @@ def list_dir(workdir: Path, path: str = ".") -> str:
     if not target.is_dir():
         raise ToolError(f"{target} is not a directory")
     entries = sorted(target.iterdir(), key=lambda p: (not p.is_dir(), p.name))
-    lines = [f"{p.name}/" if p.is_dir() else f"{p.name}  ({_size(p)})" for p in entries[:LIST_ENTRIES]]
+    lines = [_entry(workdir, target, p) for p in entries[:LIST_ENTRIES]]
     if len(entries) > LIST_ENTRIES:
         lines.append(f"[{len(entries) - LIST_ENTRIES} more entries not listed]")
     return f"{display(workdir, target)}/: {len(entries)} entries\n" + "\n".join(lines)
+
+
+def _entry(workdir: Path, listed: Path, path: Path) -> str:
+    if path.is_symlink() and not _within(path.resolve(), workdir.resolve(), listed):
+        return f"{path.name}  (a link out of the working directory)"  # its size is no business of this listing
+    return f"{path.name}/" if path.is_dir() else f"{path.name}  ({_size(path)})"
+
+
+def _within(target: Path, *roots: Path) -> bool:
+    return any(target.is_relative_to(root) for root in roots)
 
 
 def _size(path: Path) -> str:
@@ -92,7 +115,10 @@ def _size(path: Path) -> str:
         return "unreadable"
 
 
-def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*") -> str:
+def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*",
+         check: Callable[[Path], str] | None = None) -> str:  # fmt: skip
+    """check(resolved file) -> "allow" | "ask" | "deny" decides each file; without one, a file is
+    searched if it lies in the working directory or the searched path, wherever its links lead."""
     try:
         regex = re.compile(pattern)
     except (re.error, TypeError) as e:
@@ -100,16 +126,25 @@ def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*") -> str:
     root = resolve(workdir, path)
     if not root.exists():
         raise ToolError(f"{root} does not exist")
+    check = check or (lambda target: "allow" if _within(target, workdir.resolve(), root) else "ask")
     matches: list[str] = []
-    total = skipped = 0
+    total = skipped = denied = 0
+    held_back: list[str] = []
     for file in _walk(root):
         if not fnmatch.fnmatch(file.name, glob):
             continue
+        target = file.resolve()
+        action = check(target)
+        if action != "allow":
+            denied += action == "deny"
+            if action == "ask":
+                held_back.append(display(workdir, file))
+            continue
         try:
-            if file.stat().st_size > GREP_FILE_BYTES:
+            if target.stat().st_size > GREP_FILE_BYTES:
                 skipped += 1
                 continue
-            text = read_text(file)
+            text = read_text(target, GREP_FILE_BYTES)
         except (ToolError, OSError):
             continue
         for number, line in enumerate(text.splitlines(), start=1):
@@ -122,6 +157,12 @@ def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*") -> str:
         summary += f" (first {len(matches)} shown; narrow the path or glob for the rest)"
     if skipped:
         summary += f"; {skipped} files over {GREP_FILE_BYTES} bytes not searched"
+    if denied:
+        summary += f"; {denied} files not searched: the permission rules deny them"
+    if held_back:
+        named = ", ".join(held_back[:NAMED_FILES]) + (", ..." if len(held_back) > NAMED_FILES else "")
+        summary += (f"; {len(held_back)} files not searched without the person's consent (links out of the searched "
+                    f"path, or rules that ask): {named}; read_file asks for them")  # fmt: skip
     return "\n".join([summary, *matches])
 
 

@@ -9,27 +9,50 @@ The rule file is TOML in the config dir (`lingcode chat` writes a commented exam
 
 The first matching rule decides. Without one: reads inside the working directory are allowed,
 everything else asks, and "always for this session" answers turn asks into allows (deny rules still
-win). A rule file that cannot be read makes everything ask, and the UI says why.
+win). A rule file that cannot be read, or that another user owns or may write, makes everything
+ask, and the UI says why.
+
+Paths are matched after symlinks are resolved, relative to the working directory (absolute
+outside it); a glob without "/" also matches the file's name in any folder (".env*" denies
+sub/.env too). grep decides every file it reaches the same way (file_check).
+
+A command line is read with a shell tokenizer (shlex). An allow rule allows only a plain command:
+one that chains (; && || &), pipes, redirects, substitutes ($, `) or spans lines gets asked about,
+unless the rule's match is "*" (every command line). Deny and ask rules apply to the whole line and
+to each command in it. Deny rules on commands are a convenience, not a sandbox: a command can
+always be written another way, which then asks.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
+import posixpath
+import shlex
+import stat
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from lingcode import paths
+from lingcode.tui.tools.files import display
 
 ACTIONS = ("allow", "ask", "deny")
+COMMAND_TOOL = "run_command"
+SHELL_OPERATORS = "();<>|&`"  # bash's metacharacters besides blanks, and ` (command substitution)
+NOT_A_COMMAND = frozenset("{ } ! [[ ]] if then else elif fi do done while until for in case esac time coproc".split())
 
 EXAMPLE = """\
 # lingcode chat: which agent tool calls run without asking. The first matching rule decides.
 #   tool   = a tool name (read_file, list_dir, grep, apply_edit, write_file, run_command) or "*"
-#   match  = a glob on what the call touches: the path (relative to the working directory) for
-#            file tools, the whole command line for run_command (default "*")
+#   match  = a glob on what the call touches: the path (relative to the working directory, after
+#            symlinks; a glob without "/" also matches a file name in any folder) for file tools,
+#            the whole command line for run_command (default "*")
 #   action = "allow", "ask" or "deny"
 # Without a matching rule, reads inside the working directory are allowed and the rest asks.
+# An allow rule for run_command never allows a line that chains, pipes, redirects or substitutes
+# (git status; rm x): those ask, unless match = "*".
 #
 # [[rule]]
 # tool = "run_command"
@@ -54,7 +77,67 @@ class Rule:
     action: str
 
     def applies(self, tool: str, subject: str) -> bool:
-        return fnmatch.fnmatchcase(tool, self.tool) and fnmatch.fnmatchcase(subject, self.match)
+        if not fnmatch.fnmatchcase(tool, self.tool):
+            return False
+        if tool == COMMAND_TOOL:
+            return self._applies_to_command(subject)
+        if fnmatch.fnmatchcase(subject, self.match):
+            return True
+        return "/" not in self.match and fnmatch.fnmatchcase(posixpath.basename(subject), self.match)
+
+    def _applies_to_command(self, line: str) -> bool:
+        if self.match == "*":
+            return True
+        if self.action == "allow":  # only a plain command: nothing else may ride along
+            return plain_command(line) and fnmatch.fnmatchcase(line, self.match)
+        return any(fnmatch.fnmatchcase(part, self.match) for part in (line, *commands_in(line)))
+
+
+def _tokens(line: str) -> list[str] | None:
+    """The command line's words and operators, as a shell splits them; None if it cannot be split."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=SHELL_OPERATORS)
+    lexer.whitespace_split = True
+    lexer.commenters = ""  # shlex would end a line at any "#"; bash only at a word's start
+    try:
+        return list(lexer)
+    except ValueError:  # an unclosed quote
+        return None
+
+
+def _operator(token: str) -> bool:
+    return all(c in SHELL_OPERATORS for c in token)  # an escaped or quoted lone ";" too: it errs to asking
+
+
+def plain_command(line: str) -> bool:
+    """One command and its arguments: no operator, redirection, expansion ($, `) or second line."""
+    if any(c in line for c in "$`\n\0"):
+        return False
+    tokens = _tokens(line)
+    return tokens is not None and not any(_operator(t) for t in tokens)
+
+
+def commands_in(line: str) -> list[str]:
+    """Each command of the line, its words joined by one space, without leading keywords or VAR=value."""
+    tokens = _tokens(line.replace("\n", ";").replace("$(", "("))
+    if tokens is None:
+        return []
+    commands, words = [], []
+    for token in [*tokens, ";"]:
+        if not _operator(token):
+            if words or (token not in NOT_A_COMMAND and not _assignment(token)):
+                words.append(token)
+            continue
+        if words:
+            commands.append(" ".join(words))
+        words = []
+    return commands
+
+
+def _assignment(word: str) -> bool:
+    name, equals, _ = word.partition("=")
+    return bool(equals) and name.isidentifier()
+
+
 
 
 @dataclass(frozen=True)
@@ -72,11 +155,12 @@ class Permissions:
         path = path or rules_file()
         if not path.exists():
             try:
-                path.write_text(EXAMPLE)
+                paths.private_file(path).write_text(EXAMPLE)
             except OSError:
                 pass
             return cls([], str(path))
         try:
+            _check_private(path)
             return cls(parse_rules(tomllib.loads(path.read_text())), str(path))
         except (OSError, ValueError) as e:
             return cls([], str(path), problem=f"{path}: {e}; every tool call asks until it is fixed")
@@ -95,6 +179,41 @@ class Permissions:
         if reads and inside:
             return Decision("allow", "a read inside the working directory")
         return Decision("ask", "outside the working directory" if reads else "writes and commands ask first")
+
+    def file_check(self, tool: str, workdir: Path, root: Path, *, root_approved: bool,
+                   always: list[str] = ()) -> Callable[[Path], str]:  # fmt: skip
+        """How a tool that reads many files (grep) treats each one it reaches, given as a resolved path:
+        "allow" (read it), "deny", or "ask" (not read; the result names it, read_file then asks).
+
+        Each file is decided as the call itself would be for that path. Deny rules for the tool or
+        for read_file win. A file that would ask is read only when the person approved this call,
+        for a path outside the working directory, and the file lies under that path: a link out of
+        it is not covered by that answer.
+        """
+        workdir = workdir.resolve()
+
+        def check(target: Path) -> str:
+            inside = target.is_relative_to(workdir)
+            subject = display(workdir, target)
+            decisions = [self.decide(name, subject, reads=True, inside=inside, always=always)
+                         for name in (tool, "read_file")]  # fmt: skip
+            if any(d.action == "deny" for d in decisions):
+                return "deny"
+            if decisions[0].action == "ask" and root_approved and target.is_relative_to(root):
+                return "allow"
+            return decisions[0].action
+
+        return check
+
+
+def _check_private(path: Path) -> None:
+    """Rules that another user wrote, or could have, are no rules of this person's (they could allow anything)."""
+    info = path.stat()
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        raise ValueError(f"the file belongs to another user (uid {info.st_uid})")
+    if os.name == "posix" and info.st_mode & 0o022:
+        raise ValueError(f"other users may write the file (mode {stat.S_IMODE(info.st_mode):o}); check it, then "
+                         "`chmod 600` it")  # fmt: skip
 
 
 def parse_rules(document: dict) -> list[Rule]:

@@ -97,7 +97,7 @@ def _compile(where: Path) -> None:
     bin_dir = os.path.dirname(sys.executable)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    where.mkdir(parents=True, exist_ok=True)
+    paths.private_dir(where)
     lock = where / "lock"  # torch's build lock; one left by a build that was killed would block us forever
     if lock.exists() and time.time() - lock.stat().st_mtime > 600:
         lock.unlink(missing_ok=True)

@@ -27,6 +27,7 @@ from typing import Callable
 
 import httpx
 
+from lingcode import paths
 from lingcode.engine import EngineStartError
 
 HEALTH_PATH = "/health_generate"  # runs a one-token generation: the model is really loaded
@@ -172,13 +173,13 @@ class Supervisor:
 
     def _spawn_locked(self) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "a", encoding="utf-8") as log:
+        with open(paths.private_file(self.log_file), "a", encoding="utf-8") as log:
             log.write(f"\n=== lingcode {time.strftime('%Y-%m-%d %H:%M:%S')}: starting {_redact(self.command)}\n")
         self._proc = proc = subprocess.Popen(
             self.command, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, start_new_session=True,
         )  # fmt: skip
-        self.pid_file.write_text(json.dumps({"pgid": proc.pid, "started": _start_time(proc.pid)}))
+        paths.private_file(self.pid_file).write_text(json.dumps({"pgid": proc.pid, "started": _start_time(proc.pid)}))
         threading.Thread(target=self._pump, args=(proc,), name="lingcode-sglang-log", daemon=True).start()
 
     def _pump(self, proc: subprocess.Popen) -> None:

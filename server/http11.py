@@ -1,0 +1,112 @@
+"""The daemon's HTTP/1.1 protocol: uvicorn's, with the API's own error shape for broken requests.
+
+uvicorn parses requests with httptools (C, the faster; lingcode's default) or h11. Either refuses a
+request whose framing it cannot trust (a Content-Length that is not a number, two
+that disagree, a header line that is no header) before any ASGI app sees it, and uvicorn then
+answers a plain-text "Invalid HTTP request received." Here the answer is the API's own: a 400
+(or h11's status hint, such as 431 for headers too large) in OpenAI's error shape, Anthropic's
+for a request line naming /v1/messages, with the parser's reason. The connection is closed, as before:
+after broken framing nothing later on it can be read safely. These requests never reach the
+app, so they are in neither the access log nor /metrics; uvicorn logs a warning for each.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from lingcode.server.errors import APIError
+
+REQUEST_LINE_BYTES = 8192
+
+
+class APIErrorH11Protocol(H11Protocol):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.request_line = b""  # the current request's first line, as received: its path picks the error shape
+        self.refusal: h11.RemoteProtocolError | None = None
+        next_event = self.conn.next_event
+
+        def keep_refusal():  # uvicorn drops h11's reason; keep it for the answer
+            try:
+                return next_event()
+            except h11.RemoteProtocolError as exc:
+                self.refusal = exc
+                raise
+
+        self.conn.next_event = keep_refusal
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:  # a new request starts with this data
+            self.request_line = data.split(b"\n", 1)[0][:REQUEST_LINE_BYTES]
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        refusal = self.refusal
+        status = refusal.error_status_hint if refusal is not None and 400 <= refusal.error_status_hint < 500 else 400
+        reason = f": {refusal}" if refusal is not None and str(refusal) else ""
+        error = APIError(status, f"the request is not valid HTTP/1.1{reason}", code="invalid_http_request")
+        response = error.response(self.path())
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        events = (h11.Response(status_code=status, headers=headers), h11.Data(data=response.body), h11.EndOfMessage())
+        for event in events:
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+    def path(self) -> str:
+        parts = self.request_line.split()
+        if len(parts) < 2:
+            return ""
+        try:
+            return urlsplit(parts[1].decode("ascii")).path
+        except (UnicodeDecodeError, ValueError):
+            return ""
+
+
+def _refusal_response(status: int, reason: str, path: str) -> bytes:
+    """The whole HTTP/1.1 answer to a refused request, in the error shape of the API at `path`."""
+    error = APIError(status, f"the request is not valid HTTP/1.1{': ' + reason if reason else ''}", code="invalid_http_request")
+    body = error.response(path).body
+    head = (f"HTTP/1.1 {status} Bad Request\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")  # fmt: skip
+    return head.encode("ascii") + body
+
+
+def protocol_class() -> type:
+    """httptools' protocol where httptools is installed, else h11's; both answer refusals our way."""
+    try:
+        import httptools
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return APIErrorH11Protocol
+
+    class APIErrorHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.refusal: Exception | None = None
+            parser, protocol = self.parser, self
+
+            class Keeping:  # uvicorn drops the parser's reason; keep it for the answer
+                def feed_data(self, data: bytes) -> None:
+                    try:
+                        parser.feed_data(data)
+                    except httptools.HttpParserError as exc:
+                        protocol.refusal = exc
+                        raise
+
+                def __getattr__(self, name: str):
+                    return getattr(parser, name)
+
+            self.parser = Keeping()
+
+        def send_400_response(self, msg: str) -> None:
+            try:
+                path = urlsplit(self.url.decode("ascii")).path
+            except (AttributeError, UnicodeDecodeError, ValueError):
+                path = ""
+            self.transport.write(_refusal_response(400, str(self.refusal or ""), path))
+            self.transport.close()
+
+    return APIErrorHttpToolsProtocol
