@@ -10,13 +10,14 @@ from the pipeline:
   editor/         POST /v1/lingcode/complete: code completions at a cursor
 Around them, one job per module:
   app.py          create_app(): wires the routes, auth and error handling together
-  serving.py      the pipeline every API goes through (Serving, Shape, respond)
+  serving.py      the pipeline every API goes through (Serving, Shape, respond), and clients that
+                  leave: work nobody will read is cancelled, SSE always closes its source
   errors.py       every failure in the API's error shape, with the right HTTP status (as_api_error)
-  validation.py   the strict base model, parse(), the rules every API shares
-  body.py         reading a JSON body under a size limit
-  streaming.py    client disconnects: cancel work nobody will read; SSE that always closes its source
-  auth.py         the token check (Authorization: Bearer / x-api-key) for every route but /health
-  access.py       the Host allow-list (DNS rebinding) and browser-Origin refusal, before the token
+  validation.py   reading a JSON body under a size limit, the strict base model, parse(), the
+                  rules every API shares
+  access.py       who may talk to the daemon: the Host allow-list (DNS rebinding), browser-Origin
+                  refusal, then the token (Authorization: Bearer / x-api-key) on every route but /health
+  http11.py       the HTTP/1.1 protocol: requests the parser refuses answered in the API's shape
   observability.py  request ids, HTTP metrics, the access log; GET /metrics
   logs.py         JSON / key=value log lines tagged with the request id and route
   openapi.py      GET /openapi.json: request bodies documented from the routes' models

@@ -31,10 +31,9 @@ from lingcode import __version__
 from lingcode.engine import ModelInfo
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server import errors, openapi
-from lingcode.server.access import AccessGuard
+from lingcode.server.access import OPEN_PATHS, AccessGuard, TokenAuth
 from lingcode.server.anthropic.messages import MessagesServing
-from lingcode.server.auth import OPEN_PATHS, TokenAuth
-from lingcode.server.body import MAX_BODY_BYTES
+from lingcode.server.validation import MAX_BODY_BYTES
 from lingcode.server.editor.serving import EditorServing
 from lingcode.server.observability import RequestObserver, add_metrics_route
 from lingcode.server.openai.chat import ChatServing

@@ -22,6 +22,7 @@ from lingcode.engine import ContextOverflow, EngineError, EngineUnavailable
 from lingcode.pipeline.scheduler import QueueFull
 
 RETRY_AFTER_S = "1"
+CLIENT_GONE = 499  # nginx's status for a client that left before its answer ended; logged, never sent
 
 # The error `type` for each status (OpenAI's names where it has one).
 _TYPES = {

@@ -1,6 +1,6 @@
 """The daemon's own OpenAPI document, GET /openapi.json (behind the token, like every route).
 
-Routes read their JSON bodies themselves (server/body.py: size limit first, then our error shape),
+Routes read their JSON bodies themselves (server/validation.py: size limit first, then our error shape),
 so FastAPI cannot see their request models. A route names its model with
 `openapi_extra=request_body(Model)`, and the document then carries the model's JSON schema: what
 clients may send, and what the fuzz test (tests/test_fuzz.py, schemathesis) generates from.

@@ -12,6 +12,15 @@ once (collect) or stream. A streamed response starts only once the turn has its 
 a full queue (429), a context overflow or a bad grammar is still a proper HTTP error; a client
 that leaves is cancelled at once; an error after the stream started is an error frame in the
 API's own shape. Each list of events from the pipeline (one engine chunk) is one write.
+
+A client can leave in two places, and its work is cancelled at once in both:
+- before the response starts (a request waiting in the queue, or a non-streamed one being
+  generated): Starlette does not notice, so `until_disconnected` races the work against the
+  client's `http.disconnect` and cancels the work if the client goes first;
+- while an SSE stream is being sent: Starlette cancels the sending task. `EventStream` then
+  closes its event generator, shielded from that cancellation, so the generator's `finally`
+  closes the text stream, which aborts the request in the engine within a step (instead of
+  whenever the garbage collector finalizes a half-read generator).
 """
 
 from __future__ import annotations
@@ -21,12 +30,16 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
 
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Send
 
 from lingcode.agent.grammar import GrammarError, GrammarUnavailable
 from lingcode.agent.tool_parsers import Tool
@@ -36,10 +49,9 @@ from lingcode.pipeline import metrics
 from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_constraint, run_turn
-from lingcode.server.body import read_json
-from lingcode.server.errors import APIError, ContextLengthExceeded, as_api_error, invalid
+from lingcode.server.validation import read_json
+from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
 from lingcode.server.openapi import request_body
-from lingcode.server.streaming import CLIENT_GONE, ClientGone, EventStream, aclose, close_soon, until_disconnected
 from lingcode.server.validation import StrictModel, parse
 from lingcode.text.chat_template import TemplateError
 from lingcode.text.families import Family, family_for
@@ -47,6 +59,7 @@ from lingcode.text.families import Family, family_for
 log = logging.getLogger("lingcode.server")
 
 DONE = "data: [DONE]\n\n"
+T = TypeVar("T")
 # Prompts longer than this (characters) are rendered and tokenized on a thread, so one huge
 # request cannot stall every other client's stream; shorter ones inline, which is faster.
 INLINE_PROMPT_CHARS = 64 * 1024
@@ -242,6 +255,72 @@ class Serving:
             raise error from None
         if constraint is not None:
             turn.params = dataclasses.replace(turn.params, constraint=constraint)
+
+
+# --- clients that leave ------------------------------------------------------------------------
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started; its work was cancelled."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body must have been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`; if the client disconnects first, cancel it, wait for its cleanup, raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finished_first = task.done()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # its finally blocks abort the request; wait for them
+    if not finished_first:
+        if not task.cancelled():
+            task.exception()  # retrieved: nobody is left to report it to
+        raise ClientGone()
+    return task.result()
+
+
+async def aclose(iterator: AsyncIterator) -> None:
+    """Close an async iterator even inside a cancelled scope (closing is what aborts the request)."""
+    with anyio.CancelScope(shield=True):
+        await iterator.aclose()
+
+
+_closing: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones to tasks
+
+
+def close_soon(iterator: AsyncIterator) -> None:
+    """Close an async iterator in a task of its own, so the caller need not wait: closing a
+    generation aborts it in the engine, which first finishes the step in flight."""
+    task = asyncio.get_running_loop().create_task(aclose(iterator))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+class EventStream(StreamingResponse):
+    """A server-sent event stream whose generator is always closed, however the stream ends."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[str]):
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await aclose(self.body_iterator)
 
 
 # --- stream or collect ------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from lingcode.agent.tool_parsers import CallArgs, CallStart
 from lingcode.pipeline.generation import Usage
 from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent, TurnStart
 from lingcode.server.anthropic.protocol import CountTokensRequest, MessagesRequest
-from lingcode.server.body import read_json
+from lingcode.server.validation import read_json
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openapi import request_body
 from lingcode.server.serving import Prepared, Sampling, Serving, Shape, named_sse

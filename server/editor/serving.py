@@ -31,7 +31,7 @@ from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
 from lingcode.server.errors import APIError
 from lingcode.server.openai.protocol import usage_dict
 from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict
-from lingcode.server.streaming import CLIENT_GONE
+from lingcode.server.errors import CLIENT_GONE
 from lingcode.server.validation import StrictModel, TokenCount, TopP
 
 MAX_CONTEXT_CHUNKS = 32

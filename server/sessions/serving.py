@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse
 from lingcode.agent.sessions import Session, SessionError, SessionStore, commit, turn_prompt
 from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent
-from lingcode.server.body import read_json
+from lingcode.server.validation import read_json
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai.chat import ChatShape
 from lingcode.server.openai.protocol import json_format
