@@ -81,6 +81,16 @@ def _json(payload: dict) -> str:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
+def usage_dict(usage: Usage) -> dict:
+    """OpenAI's `usage` object (the editor's answers use it too)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
 def timings_dict(usage: Usage | None, timing: Timing | None) -> dict:
     """lingcode's `timings` object: ttft_ms, tpot_ms, total_ms, tokens_per_s, and the token counts."""
     timings = timing.as_dict() if timing is not None else {}

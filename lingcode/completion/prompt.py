@@ -97,8 +97,10 @@ def completion_family(info: ModelInfo) -> Family:
 # --- the prompt -------------------------------------------------------------------------------
 
 
-def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = Budgets()) -> CompletionPrompt:
-    family = completion_family(info)
+def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = Budgets(),
+                 family: Family | None = None) -> CompletionPrompt:  # fmt: skip
+    """The prompt at the cursor; `family`: completion_family(info), if the caller keeps it."""
+    family = family or completion_family(info)
     tok = info.tokenizer
     path = request.path or f"untitled{EXTENSIONS.get((request.language or '').lower(), '')}"
 

@@ -24,13 +24,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from lingcode.completion.cuts import CutRules
-from lingcode.completion.prompt import Budgets, Chunk, CompletionInput, CompletionPrompt, build_prompt
+from lingcode.completion.prompt import Budgets, Chunk, CompletionInput, CompletionPrompt, build_prompt, completion_family
 from lingcode.engine import SamplingParams
 from lingcode.pipeline.scheduler import Priority
 from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
 from lingcode.server.errors import APIError
-from lingcode.server.openai.protocol import usage_dict
-from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict
+from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict, usage_dict
 from lingcode.server.errors import CLIENT_GONE
 from lingcode.server.validation import StrictModel, TokenCount, TopP
 
@@ -72,6 +71,7 @@ class EditorServing(Serving):
 
     def __init__(self, *args):
         super().__init__(*args)
+        self.completion_family = completion_family(self.info)
         self._counters = dict.fromkeys(("requests", "finished", "aborted", "client_gone", "errors"), 0)
         self._cuts: dict[str, int] = {}
         # The tokens whose text holds a newline: a single-line suggestion ends with the first one.
@@ -114,7 +114,7 @@ class EditorServing(Serving):
             context=tuple(Chunk(c.path, c.text) for c in body.context),
         )  # fmt: skip
         budgets = Budgets(**body.budgets.model_dump())
-        prompt = build_prompt(self.info, request, budgets)
+        prompt = build_prompt(self.info, request, budgets, self.completion_family)
         context = self.info.context_length
         if len(prompt.input_ids) + body.max_tokens > context:
             raise APIError(

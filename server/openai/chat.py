@@ -16,8 +16,8 @@ from starlette.requests import Request
 
 from lingcode.agent.tool_parsers import CallArgs, CallStart
 from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent
-from lingcode.server.openai.protocol import ChatCompletionRequest, json_format, usage_dict
-from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict
+from lingcode.server.openai.protocol import ChatCompletionRequest, json_format
+from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict, usage_dict
 
 
 class ChatServing(Serving):

@@ -9,8 +9,8 @@ from starlette.requests import Request
 
 from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
 from lingcode.server.errors import APIError, invalid
-from lingcode.server.openai.protocol import CompletionRequest, usage_dict
-from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict
+from lingcode.server.openai.protocol import CompletionRequest
+from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict, usage_dict
 
 
 class CompletionsServing(Serving):

@@ -19,7 +19,6 @@ from lingcode.server.validation import (StrictModel, TokenCount, ToolName, TopP,
                                         check_unique_tool_names)  # fmt: skip
 from lingcode.agent.thinking import Thinking, check_template_kwargs
 from lingcode.agent.tool_parsers import Tool
-from lingcode.pipeline.generation import Usage
 from lingcode.pipeline.turns import ToolChoice
 from lingcode.server.serving import Sampling
 
@@ -272,15 +271,6 @@ class CompletionRequest(GenerationRequest):
         if value is not None:
             raise ValueError("logprobs are not supported by this server")
         return value
-
-
-def usage_dict(usage: Usage) -> dict:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
 
 
 def json_format(fmt: ResponseFormat | None) -> tuple[str, dict | None] | None:
