@@ -24,9 +24,8 @@ from dataclasses import dataclass, fields
 
 import httpx
 
-from lingcode.client import ErrorResponse, DaemonError
+from lingcode.client import CONNECTION_ERRORS, DaemonError, DaemonLink, ErrorResponse
 from lingcode.lsp.context_ring import ContextRing
-from lingcode.lsp.daemon_link import CONNECTION_ERRORS, DaemonLink
 from lingcode.lsp.stats import CompletionStats
 from lingcode.lsp.typed_ahead import TypedAheadCache
 
@@ -143,7 +142,7 @@ class Completer:
             self.stats.errors += 1
             self.log(f"lingcode: completion failed: {exc}")
             if isinstance(exc, CONNECTION_ERRORS):
-                await self.link.reset()  # the daemon went away: the next request finds or starts one
+                self.link.mark_down()  # the daemon went away: the next request finds or starts one
             return None
         except Exception as exc:  # a bug: the editor gets no suggestion and a log line, not a traceback
             self.stats.errors += 1
@@ -176,7 +175,7 @@ class Completer:
         of tokens would only wake this process and the daemon's writer between steps. (Measured on 2
         cores: no difference beyond run-to-run noise, bench/results/lsp-stream-cost-2026-11-30.txt.)
         Cancelling the call closes the connection, which aborts the request in the engine."""
-        client = await self.link.client()
+        client = await self.link.ready()
         self.stats.engine_calls += 1
         final = await client.post(ROUTE, self._body(cursor))
         return final.get("text", ""), final

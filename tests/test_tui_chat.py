@@ -15,9 +15,8 @@ from textual.widgets.markdown import MarkdownFence
 from conftest import share_built_caches
 from tui_support import SIZE, answered, chat_app, connected, finished_answers, idle, send, wait_until
 
-from lingcode.client import read_daemon_file
+from lingcode.client import DaemonLink, read_daemon_file
 from lingcode.tui.app import ChatApp
-from lingcode.tui.link import DaemonLink
 from lingcode.tui.store import SessionStore, default_path
 from lingcode.tui.tools import Call
 from lingcode.tui.tools.permissions import Permissions, Rule

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from lingcode import paths
+from lingcode.client import DaemonLink
 from lingcode.tui.app import ChatApp
-from lingcode.tui.link import DaemonLink
 from lingcode.tui.store import SessionStore
 
 
