@@ -7,13 +7,13 @@ from pathlib import Path
 
 from lingcode.client import DaemonLink
 from lingcode.tui.app import ChatApp
-from lingcode.tui.store import SessionStore
+from lingcode.tui.store import ChatStore
 from lingcode.tui.tools.permissions import Permissions
 
 SIZE = (100, 32)
 
 
-def chat_app(store: SessionStore, workdir: Path, *, permissions: Permissions | None = None, max_tokens: int = 12,
+def chat_app(store: ChatStore, workdir: Path, *, permissions: Permissions | None = None, max_tokens: int = 12,
              **options) -> ChatApp:  # fmt: skip
     """A chat on the daemon that LINGCODE_HOME names; it never starts one of its own (autostart off)."""
     return ChatApp(

@@ -30,7 +30,7 @@ from lingcode.tui.commands import CommandActions, UnknownCommand
 from lingcode.tui.conversation import (
     INTERRUPTED_RESULT, Reply, context_used, model_messages, request_body, stream_reply, tool_calls_json,
 )  # fmt: skip
-from lingcode.tui.store import Session, SessionStore
+from lingcode.tui.store import ChatSession, ChatStore
 from lingcode.tui.tools import Call, ToolError, schemas
 from lingcode.tui.tools.permissions import Permissions
 from lingcode.tui.widgets import CSS_FILES
@@ -59,7 +59,7 @@ class ChatApp(CommandActions, App):
     ]
 
     def __init__(
-        self, *, link: DaemonLink, store: SessionStore, workdir: Path, permissions: Permissions | None = None,
+        self, *, link: DaemonLink, store: ChatStore, workdir: Path, permissions: Permissions | None = None,
         resume: int | str | None = None, agent: bool = False, system: str = "", max_tokens: int | None = None,
         temperature: float | None = None,
     ):  # fmt: skip
@@ -71,7 +71,7 @@ class ChatApp(CommandActions, App):
         self.resume = resume  # "last", a session id, or None for a new session
         self.new_session_settings = {"agent": agent, "system": system}
         self.max_tokens, self.temperature = max_tokens, temperature
-        self.session: Session | None = None  # created with the first message
+        self.session: ChatSession | None = None  # created with the first message
         self.answering = False
         self.waiting_for_daemon = False  # a message waits to be answered once the daemon is back
         self.progress: list[str] = []
@@ -381,13 +381,13 @@ class ChatApp(CommandActions, App):
 
     # sessions and the screen
 
-    def ensure_session(self) -> Session:
+    def ensure_session(self) -> ChatSession:
         if self.session is None:
             self.session = self.store.create(workdir=str(self.workdir), **self.new_session_settings)
             self.show_header()
         return self.session
 
-    async def open_session(self, session: Session) -> None:
+    async def open_session(self, session: ChatSession) -> None:
         self.session = session
         await self.show_session()
 
