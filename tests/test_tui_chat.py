@@ -18,7 +18,7 @@ from tui_support import SIZE, answered, chat_app, connected, finished_answers, i
 from lingcode.client import DaemonLink, read_daemon_file
 from lingcode.tui.app import ChatApp
 from lingcode.tui.store import ChatStore, default_path
-from lingcode.tui.tools import Call
+from lingcode.tui.tools.calls import Call
 from lingcode.tui.tools.permissions import Permissions, Rule
 from lingcode.tui.widgets.message import MessageView, NoteView
 from lingcode.tui.widgets.permission import PermissionScreen

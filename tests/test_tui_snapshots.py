@@ -18,7 +18,7 @@ import pytest_textual_snapshot
 from tui_support import SIZE, chat_app, wait_until
 
 from lingcode.tui.store import ChatStore
-from lingcode.tui.tools import Call
+from lingcode.tui.tools.calls import Call
 from lingcode.tui.widgets.permission import PermissionScreen
 from lingcode.tui.widgets.sessions import SessionsScreen
 

@@ -31,7 +31,7 @@ from lingcode.tui.conversation import (
     INTERRUPTED_RESULT, Reply, context_used, model_messages, request_body, stream_reply, tool_calls_json,
 )  # fmt: skip
 from lingcode.tui.store import ChatSession, ChatStore
-from lingcode.tui.tools import Call, ToolError, schemas
+from lingcode.tui.tools.calls import Call, ToolError, schemas
 from lingcode.tui.tools.permissions import Permissions
 from lingcode.tui.widgets import CSS_FILES
 from lingcode.tui.widgets.message import MessageView, NoteView

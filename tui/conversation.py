@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from lingcode.client import Client
 from lingcode.tui.store import ChatMessage, ChatSession
-from lingcode.tui.tools import Call
+from lingcode.tui.tools.calls import Call
 
 INTERRUPTED_RESULT = "(no result: the tool call was interrupted before it ran)"
 
