@@ -287,7 +287,7 @@ class DaemonLink:
 
     async def _connect(self) -> Client:
         loop = asyncio.get_running_loop()
-        start_at = loop.time() + (START_AFTER_S if self._lost else 0.0)
+        start_at = loop.time() + (START_AFTER_S if self._lost and self.auto_start else 0.0)
         while (daemon := await _in_background_thread(_answering_daemon)) is None and loop.time() < start_at:
             await asyncio.sleep(LOOK_EVERY_S)
         return await self._use(daemon or await self._start())
