@@ -3,15 +3,19 @@
 It finds the running daemon through daemon.json and the token file, starts one when none runs
 (detached, logging to the state dir, so it outlives the editor or terminal that started it),
 and speaks the daemon's HTTP API: JSON calls and SSE streams. Closing a stream early closes
-the connection, which makes the daemon abort the request in the engine.
+the connection, which makes the daemon abort the request in the engine. DaemonLink keeps a
+front end connected: found, started, and found again after trouble, by one rule.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -175,3 +179,184 @@ def _json_or_raise(response: httpx.Response) -> dict:
         raise ErrorResponse(response.status_code, message, body)
     return body
 
+
+
+# --- DaemonLink: a front end's connection, kept ------------------------------------------------
+
+RETRY_AFTER_S = 10.0  # a failed start is not repeated for this long
+START_AFTER_S = 3.0  # after losing a daemon: how long none must answer before we start one
+LOOK_EVERY_S = 1.0
+
+CONNECTION_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""The request failed because the daemon went away (mark_down, then connect again)."""
+
+
+@dataclass
+class Progress:
+    """Where a link reports starting a daemon; called on the event loop."""
+
+    begin: Callable[[str], None]
+    report: Callable[[str], None]  # each line of the daemon's log
+    end: Callable[[str], None]
+
+
+def _ignore(_message: str) -> None:
+    pass
+
+
+class DaemonLink:
+    """A front end's connection to the daemon (`lingcode lsp` and `lingcode chat` each hold one).
+
+    The rule, for every caller of ready():
+    - Look first, every time: the daemon that daemon.json names is used once /health answers and it
+      lists its model (a file read and a loopback request: cheap enough for a keystroke).
+    - Start one only when none answers, and only with auto_start: at once the first time; after a
+      daemon was lost (mark_down), once none has answered for START_AFTER_S, since a daemon that is
+      restarting, or that another client is starting, names itself only once it serves. A started
+      daemon is detached: it outlives this process, and the next front end finds it.
+    - A failed start is not repeated for RETRY_AFTER_S: until then a caller whose look finds nothing
+      gets its error at once, instead of each keystroke starting a daemon that cannot start.
+    - One attempt at a time, in the background, shared by every caller; a caller cancelled while it
+      waits does not cancel the attempt. reconnect() repeats attempts every LOOK_EVERY_S until one
+      succeeds.
+    """
+
+    def __init__(
+        self, serve_args: list[str] = (), auto_start: bool = True, progress: Progress | None = None,
+        timeout: float = 600.0,
+    ):  # fmt: skip
+        self.serve_args = list(serve_args)
+        self.auto_start = auto_start
+        self.progress = progress or Progress(_ignore, _ignore, _ignore)
+        self.timeout = timeout  # of each request to the daemon
+        self.daemon: Daemon | None = None
+        self.client: Client | None = None
+        self.model_id = ""
+        self.context_length = 0
+        self._attempt: asyncio.Future[Client] | None = None
+        self._lost = False  # a daemon was marked down and none found since
+        self._failed_start: tuple[float, str] | None = None  # when, and why
+        self._stale: list[Client] = []  # clients of lost daemons, to close
+
+    @property
+    def connected(self) -> bool:
+        return self.client is not None
+
+    def connect(self) -> None:
+        """Start an attempt in the background, unless connected or one is under way."""
+        if self.client is None and (self._attempt is None or self._attempt.done()):
+            self._attempt = asyncio.ensure_future(self._connect())
+            # Retrieved here, so that a failure nobody awaited yet is not reported as unhandled.
+            self._attempt.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    async def ready(self) -> Client:
+        """The client of a daemon that answers, connecting first if need be. Raises DaemonError."""
+        if self.client is not None:
+            return self.client
+        self.connect()
+        return await asyncio.shield(self._attempt)
+
+    async def reconnect(self, on_wait: Callable[[int], None]) -> Client:
+        """Drop the current daemon and wait until one answers again; retries until cancelled.
+
+        on_wait gets the attempt's number; a new reason for failing goes to progress.report."""
+        self.mark_down()
+        said = None
+        for attempt in itertools.count(1):
+            on_wait(attempt)
+            try:
+                return await self.ready()
+            except DaemonError as e:
+                if str(e) != said:
+                    said = str(e)
+                    self.progress.report(said)
+            await asyncio.sleep(LOOK_EVERY_S)
+
+    def mark_down(self) -> None:
+        """Stop using the current daemon at once (a request to it failed); the next call finds one again."""
+        if self.client is not None:
+            self._stale.append(self.client)
+            self.client, self.daemon, self._lost = None, None, True
+
+    async def close(self) -> None:
+        if self._attempt is not None and not self._attempt.done():
+            self._attempt.cancel()
+        self.mark_down()
+        while self._stale:
+            await self._stale.pop().aclose()
+
+    async def _connect(self) -> Client:
+        loop = asyncio.get_running_loop()
+        start_at = loop.time() + (START_AFTER_S if self._lost and self.auto_start else 0.0)
+        while (daemon := await _in_background_thread(_answering_daemon)) is None and loop.time() < start_at:
+            await asyncio.sleep(LOOK_EVERY_S)
+        return await self._use(daemon or await self._start())
+
+    async def _start(self) -> Daemon:
+        if not self.auto_start:
+            raise DaemonError("no lingcode daemon is running; start one with `lingcode serve`")
+        if self._failed_start is not None and time.monotonic() - self._failed_start[0] < RETRY_AFTER_S:
+            raise DaemonError(self._failed_start[1])
+        loop = asyncio.get_running_loop()
+        self.progress.begin("starting the lingcode daemon")
+
+        def on_line(line: str) -> None:  # called on the starting thread
+            try:
+                loop.call_soon_threadsafe(self.progress.report, line)
+            except RuntimeError:  # the loop has closed: nobody is watching any more
+                pass
+
+        try:
+            daemon = await _in_background_thread(start_daemon, self.serve_args, on_line)
+        except (DaemonError, OSError) as exc:  # OSError: the state dir or its log refused
+            self._failed_start = (time.monotonic(), str(exc))
+            self.progress.end(f"the daemon did not start: {exc}")
+            raise DaemonError(str(exc)) from exc
+        self._failed_start = None
+        self.progress.end(f"lingcode daemon ready at {daemon.url} ({daemon.model})")
+        return daemon
+
+    async def _use(self, daemon: Daemon) -> Client:
+        client = Client(daemon, timeout=self.timeout)
+        try:
+            model = (await client.get("/v1/models"))["data"][0]
+            model_id, context_length = model["id"], int(model.get("context_length") or 0)
+        except BaseException as e:
+            await client.aclose()
+            if isinstance(e, (ErrorResponse, httpx.HTTPError, LookupError, TypeError, ValueError)):
+                raise DaemonError(f"the daemon at {daemon.url} answered, but not usefully: {e}") from e
+            raise
+        while self._stale:
+            await self._stale.pop().aclose()
+        self.daemon, self.client, self._lost = daemon, client, False
+        self.model_id, self.context_length = model_id, context_length
+        return client
+
+
+def _answering_daemon() -> Daemon | None:
+    daemon = read_daemon_file()
+    return daemon if daemon is not None and is_healthy(daemon) else None
+
+
+def _in_background_thread(function, *args) -> asyncio.Future:
+    """Run a blocking call in a daemon thread: unlike asyncio.to_thread, quitting never waits for it
+    (starting a daemon can take minutes while a model loads)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(method, value):
+        if not future.done():
+            method(value)
+
+    def target():
+        try:
+            outcome = (future.set_result, function(*args))
+        except BaseException as e:  # handed to the awaiting task
+            outcome = (future.set_exception, e)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+    threading.Thread(target=target, daemon=True, name=f"lingcode-link-{function.__name__}").start()
+    return future

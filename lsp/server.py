@@ -38,8 +38,8 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from lingcode import __version__
+from lingcode.client import DaemonLink, Progress
 from lingcode.lsp.completer import Completer, Cursor, Settings
-from lingcode.lsp.daemon_link import DaemonLink, Progress
 from lingcode.lsp.early import First, HeldBack, Replay, initialize_result
 from lingcode.lsp.wire import MAX_MESSAGE_BYTES, MessageReader, dispatch
 from lingcode.regular_file import read_regular_file
@@ -54,7 +54,7 @@ class LingcodeServer(LanguageServer):
     def __init__(self, serve_args: list[str], auto_start: bool):
         super().__init__("lingcode", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
         shown = DaemonProgress(self)
-        self.link = DaemonLink(serve_args, auto_start, Progress(shown.begin, shown.report, shown.end))
+        self.link = DaemonLink(serve_args, auto_start, Progress(shown.begin, shown.report, shown.end), timeout=120.0)
         self.completer = Completer(self.link, Settings(), self.log)
         self.last_edit: dict[str, int] = {}  # uri -> the line of its last edit
         self.current_uri: str | None = None

@@ -78,3 +78,46 @@ def test_starts_a_daemon_when_none_runs(monkeypatch, tmp_path, model_path):
                 break
             time.sleep(0.1)
         assert client.read_daemon_file() is None
+
+
+# --- DaemonLink: the one rule for finding, starting and finding again ---------------------------
+
+
+def link_watching(serve_args: list[str]) -> tuple[client.DaemonLink, list[str]]:
+    begun: list[str] = []
+    ignore = lambda _line: None  # noqa: E731
+    return client.DaemonLink(serve_args, progress=client.Progress(begun.append, ignore, ignore)), begun
+
+
+async def test_a_failed_start_is_not_repeated_but_a_daemon_is_still_found(monkeypatch, tmp_path, daemon):
+    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "empty"))
+    link, begun = link_watching(["--model", str(tmp_path / "no-such-model.gguf"), "--port", "0"])
+    try:
+        with pytest.raises(client.DaemonError) as first:
+            await link.ready()
+        with pytest.raises(client.DaemonError) as again:  # within RETRY_AFTER_S: its error, no second start
+            await link.ready()
+        assert len(begun) == 1 and str(again.value) == str(first.value) and "status 2" in str(first.value)
+        monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))  # a daemon is named now: looking finds it at once
+        found = await link.ready()
+        assert found.daemon.url == daemon.url and link.connected and len(begun) == 1
+        assert link.model_id == "smollm2-135m-instruct" and link.context_length > 0
+    finally:
+        await link.close()
+
+
+async def test_after_losing_a_daemon_a_link_waits_for_one_before_starting_one(monkeypatch, tmp_path, daemon):
+    monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))
+    link, begun = link_watching(["--model", str(tmp_path / "no-such-model.gguf"), "--port", "0"])
+    try:
+        await link.ready()
+        link.mark_down()  # as after a request failed on the connection
+        assert not link.connected
+        monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "empty"))  # none named: as while one restarts
+        waiting = asyncio.ensure_future(link.reconnect(lambda _attempt: None))
+        await asyncio.sleep(client.START_AFTER_S / 3)
+        monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))  # the daemon names itself again
+        found = await asyncio.wait_for(waiting, 30)
+        assert found.daemon.url == daemon.url and begun == []  # found within START_AFTER_S: nothing started
+    finally:
+        await link.close()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from lingcode.lsp.completer import Settings
-from lingcode.lsp.context_ring import CHUNK_LINES, ContextRing
-from lingcode.lsp.typed_ahead import WALK_BACK, TypedAheadCache
+from lingcode.lsp.completer import CHUNK_LINES, WALK_BACK, ContextRing, Settings, TypedAheadCache
 
 
 def test_typing_along_a_suggestion_reuses_it():

@@ -15,11 +15,10 @@ from textual.widgets.markdown import MarkdownFence
 from conftest import share_built_caches
 from tui_support import SIZE, answered, chat_app, connected, finished_answers, idle, send, wait_until
 
-from lingcode.client import read_daemon_file
+from lingcode.client import DaemonLink, read_daemon_file
 from lingcode.tui.app import ChatApp
-from lingcode.tui.link import DaemonLink
-from lingcode.tui.store import SessionStore, default_path
-from lingcode.tui.tools import Call
+from lingcode.tui.store import ChatStore, default_path
+from lingcode.tui.tools.calls import Call
 from lingcode.tui.tools.permissions import Permissions, Rule
 from lingcode.tui.widgets.message import MessageView, NoteView
 from lingcode.tui.widgets.permission import PermissionScreen
@@ -36,7 +35,7 @@ def home(monkeypatch, daemon):
 
 @pytest.fixture
 def store(tmp_path):
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     yield store
     store.close()
 
@@ -457,7 +456,7 @@ async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch
     monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))  # a home of its own for the store
     damaged = default_path()
     damaged.write_bytes(b"this is not an SQLite database " * 100)
-    store = SessionStore()  # as tui/launch.py opens it
+    store = ChatStore()  # as tui/launch.py opens it
     # The chat itself connects to the session's daemon: in a home without one it would start one.
     monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))
     app = chat_app(store, tmp_path)
@@ -479,7 +478,7 @@ async def test_a_row_damaged_by_hand_is_reported_and_the_session_continues(home,
     """`lingcode chat -c` on a store whose always_allow reads `[}` (issue 18, item 9): it exited with a
     JSONDecodeError; now the session opens, the chat says what was damaged, and goes on."""
     path = tmp_path / "chat.sqlite3"
-    store = SessionStore(path)
+    store = ChatStore(path)
     session = store.create(title="earlier")
     store.update(session.id, always_allow=["grep"])
     store.add(session.id, "user", "first question")
@@ -487,7 +486,7 @@ async def test_a_row_damaged_by_hand_is_reported_and_the_session_continues(home,
     store.close()
     data = path.read_bytes()
     path.write_bytes(data.replace(b'["grep"]', b'["grep"}'))
-    store = SessionStore(path)
+    store = ChatStore(path)
     app = chat_app(store, tmp_path, resume="last")  # what `lingcode chat -c` builds
     try:
         async with app.run_test(size=SIZE) as pilot:

@@ -17,8 +17,8 @@ import pytest
 import pytest_textual_snapshot
 from tui_support import SIZE, chat_app, wait_until
 
-from lingcode.tui.store import SessionStore
-from lingcode.tui.tools import Call
+from lingcode.tui.store import ChatStore
+from lingcode.tui.tools.calls import Call
 from lingcode.tui.widgets.permission import PermissionScreen
 from lingcode.tui.widgets.sessions import SessionsScreen
 
@@ -75,7 +75,7 @@ AGAIN_STATS = {"timings": {"ttft_ms": 211.2, "tpot_ms": 150.2, "total_ms": 8770.
                          "prompt_tokens_details": {"cached_tokens": 95}}, "finish_reason": "stop"}  # fmt: skip
 
 
-def seeded(store: SessionStore) -> int:
+def seeded(store: ChatStore) -> int:
     """Three stored sessions on fixed dates; returns the id of the chat about reversing strings."""
     store.create(title="What is a monad?", workdir="/home/me/notes")
     store.create(title="Rename x to count in app.py", agent=True, workdir="/home/me/src/demo")
@@ -98,13 +98,13 @@ async def ready(pilot) -> None:
 
 
 def test_chat(snap_compare, home, tmp_path):
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     app = chat_app(store, tmp_path, resume=seeded(store))
     assert snap_compare(app, terminal_size=SIZE, run_before=ready)
 
 
 def test_sessions(snap_compare, home, tmp_path):
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     app = chat_app(store, tmp_path, resume=seeded(store))
 
     async def open_sessions(pilot) -> None:
@@ -119,7 +119,7 @@ def test_agent(snap_compare, home, tmp_path):
     workdir = tmp_path / "demo"
     workdir.mkdir()
     (workdir / "app.py").write_text("x = 0\nfor line in open('log.txt'):\n    x += 1\nprint(x)\n")
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     session = store.create(title="Rename x to count in app.py", agent=True, workdir=str(workdir))
     store.add(session.id, "user", "Rename the variable x to count in app.py.")
     read = Call("call_1", "read_file", json.dumps({"path": "app.py"}))

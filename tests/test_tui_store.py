@@ -12,12 +12,12 @@ import sys
 import pytest
 
 from lingcode.tui.conversation import INTERRUPTED_RESULT, context_used, model_messages
-from lingcode.tui.store import SessionStore
+from lingcode.tui.store import ChatStore
 from lingcode.tui.store.export import export_session, session_markdown
 
 
 def test_sessions_are_listed_renamed_and_deleted_with_their_messages(tmp_path):
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     first = store.create(workdir="/src")
     second = store.create(agent=True, system="Be brief.")
     store.add(first.id, "user", "hello")
@@ -34,7 +34,7 @@ def test_sessions_are_listed_renamed_and_deleted_with_their_messages(tmp_path):
 
 def test_the_database_is_wal_and_what_was_stored_is_seen_by_another_process_at_once(tmp_path):
     path = tmp_path / "chat.sqlite3"
-    store = SessionStore(path)
+    store = ChatStore(path)
     session = store.create()
     answer = store.add(session.id, "assistant", state="streaming")
     store.set_content(answer.id, "The answer so f")
@@ -50,17 +50,17 @@ def test_the_database_is_wal_and_what_was_stored_is_seen_by_another_process_at_o
 
 def test_reopening_keeps_everything_and_migrates_nothing_twice(tmp_path):
     path = tmp_path / "chat.sqlite3"
-    store = SessionStore(path)
+    store = ChatStore(path)
     session = store.create(title="kept")
     store.add(session.id, "user", "hi", attachments=[{"path": "a.py", "text": "x = 1"}])
     store.close()
-    again = SessionStore(path)
+    again = ChatStore(path)
     assert again.get(session.id).title == "kept"
     assert again.messages(session.id)[0].attachments == [{"path": "a.py", "text": "x = 1"}]
 
 
 def test_model_messages_follow_clear_system_attachments_and_answer_every_tool_call(tmp_path):
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     session = store.create(system="You are terse.")
     old = store.add(session.id, "user", "before /clear")
     session = store.update(session.id, context_start=old.id)
@@ -83,7 +83,7 @@ def test_model_messages_follow_clear_system_attachments_and_answer_every_tool_ca
 
 
 def test_context_used_is_the_last_answers_total(tmp_path):
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     session = store.create()
     store.add(session.id, "assistant", "a", stats={"usage": {"total_tokens": 120}})
     store.add(session.id, "assistant", "b", state="stopped")
@@ -91,7 +91,7 @@ def test_context_used_is_the_last_answers_total(tmp_path):
 
 
 def test_export_writes_markdown_that_fences_cannot_break(tmp_path):
-    store = SessionStore(tmp_path / "chat.sqlite3")
+    store = ChatStore(tmp_path / "chat.sqlite3")
     session = store.create(title="Reverse a string", system="Be brief.", workdir="/src")
     store.add(session.id, "user", "Reverse it", attachments=[{"path": "x.md", "text": "```\ncode\n```"}])
     store.add(session.id, "assistant", "```python\ns[::-1]\n```", stats={"timings": {"tokens_per_s": 30.0,
@@ -107,7 +107,7 @@ def test_export_writes_markdown_that_fences_cannot_break(tmp_path):
 
 
 def _store_with_history(path) -> bytes:
-    store = SessionStore(path)
+    store = ChatStore(path)
     session = store.create(title="history")
     for i in range(200):  # a few dozen pages, so that a cut lands inside the tables
         store.add(session.id, "user", f"message {i} " + "x" * 400)
@@ -135,7 +135,7 @@ def test_a_damaged_store_is_moved_aside_and_a_new_one_started(tmp_path, damage):
     path = tmp_path / "chat.sqlite3"
     damage(path)
     damaged = path.read_bytes()
-    store = SessionStore(path)
+    store = ChatStore(path)
     [aside] = tmp_path.glob("chat.sqlite3.damaged-*")
     assert aside.read_bytes() == damaged  # kept as it was, for recovery by hand
     assert store.recovered and str(path) in store.recovered and str(aside) in store.recovered
@@ -143,7 +143,7 @@ def test_a_damaged_store_is_moved_aside_and_a_new_one_started(tmp_path, damage):
     session = store.create()  # the new store works
     store.add(session.id, "user", "hello again")
     store.close()
-    again = SessionStore(path)  # and is sound: nothing is moved aside a second time
+    again = ChatStore(path)  # and is sound: nothing is moved aside a second time
     assert again.recovered is None and [m.content for m in again.messages(session.id)] == ["hello again"]
     assert len(list(tmp_path.glob("chat.sqlite3.damaged-*"))) == 1
 
@@ -152,7 +152,7 @@ def test_a_store_damaged_twice_keeps_both_copies(tmp_path):
     path = tmp_path / "chat.sqlite3"
     for _ in range(2):
         _garbage(path)
-        store = SessionStore(path)
+        store = ChatStore(path)
         assert store.recovered
         store.close()
     assert len(list(tmp_path.glob("chat.sqlite3.damaged-*"))) == 2
@@ -162,7 +162,7 @@ def test_trouble_that_is_no_damage_is_raised_and_moves_nothing(tmp_path):
     path = tmp_path / "chat.sqlite3"
     path.mkdir()  # cannot be opened, but it is no damaged database: moving it aside would be wrong
     with pytest.raises(sqlite3.OperationalError):
-        SessionStore(path)
+        ChatStore(path)
     assert path.is_dir() and not list(tmp_path.glob("*.damaged-*"))
 
 
@@ -176,7 +176,7 @@ def _edit_bytes(path, old: bytes, new: bytes) -> None:
 def test_rows_damaged_by_hand_are_read_as_empty_or_left_out_and_reported(tmp_path):
     """Issue 18, item 9: `[]` -> `[}` in always_allow passed integrity_check and stopped `lingcode chat -c`."""
     path = tmp_path / "chat.sqlite3"
-    store = SessionStore(path)
+    store = ChatStore(path)
     session = store.create(title="kept")
     store.update(session.id, always_allow=["grep"])
     store.add(session.id, "user", "look", attachments=[{"path": "a.py", "text": "ATTACHED"}])
@@ -196,7 +196,7 @@ def test_rows_damaged_by_hand_are_read_as_empty_or_left_out_and_reported(tmp_pat
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     damaged = path.read_bytes()
 
-    store = SessionStore(path)
+    store = ChatStore(path)
     assert store.recovered is None  # a sound database: nothing moved aside
     [session] = store.sessions()  # read, not a JSONDecodeError
     assert store.last().id == session.id and session.always_allow == [] and session.title == "42"
@@ -217,7 +217,7 @@ def test_rows_damaged_by_hand_are_read_as_empty_or_left_out_and_reported(tmp_pat
 
 
 def _store_then(path, *statements: str) -> None:
-    SessionStore(path).close()
+    ChatStore(path).close()
     with sqlite3.connect(path) as db:
         for statement in statements:
             db.execute(statement)
@@ -231,7 +231,7 @@ def _store_then(path, *statements: str) -> None:
 def test_a_store_lingcode_cannot_read_is_moved_aside(tmp_path, statements, why):
     path = tmp_path / "chat.sqlite3"
     _store_then(path, *statements)
-    store = SessionStore(path)
+    store = ChatStore(path)
     [aside] = [p for p in tmp_path.glob("chat.sqlite3.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
     assert why in store.recovered and str(aside) in store.recovered
     assert store.sessions() == [] and store.create().id == 1  # a new store, which works
@@ -239,14 +239,14 @@ def test_a_store_lingcode_cannot_read_is_moved_aside(tmp_path, statements, why):
 
 def test_a_newer_lingcodes_store_with_every_table_is_used_as_it_is(tmp_path):
     path = tmp_path / "chat.sqlite3"
-    store = SessionStore(path)
+    store = ChatStore(path)
     store.create(title="from later")
     store.close()
     with sqlite3.connect(path) as db:  # a later version added a table and a column: migrations only add
         db.execute("CREATE TABLE tags (name TEXT)")
         db.execute("ALTER TABLE messages ADD COLUMN pinned INTEGER")
         db.execute("PRAGMA user_version = 7")
-    store = SessionStore(path)
+    store = ChatStore(path)
     assert store.recovered is None and store.last().title == "from later"
     assert not list(tmp_path.glob("*.damaged-*"))
 
@@ -255,7 +255,7 @@ def test_the_store_is_private_under_any_umask(tmp_path):
     """Issue 18, item 2: chat.sqlite3, its -wal and -shm were 0644 (the data dir's mode aside)."""
     previous = os.umask(0)
     try:
-        store = SessionStore(tmp_path / "chat.sqlite3")
+        store = ChatStore(tmp_path / "chat.sqlite3")
         store.add(store.create().id, "user", "private")
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
         store.close()
@@ -264,15 +264,15 @@ def test_the_store_is_private_under_any_umask(tmp_path):
     assert modes == {"chat.sqlite3": 0o600, "chat.sqlite3-wal": 0o600, "chat.sqlite3-shm": 0o600}, modes
     path = tmp_path / "chat.sqlite3"
     path.chmod(0o644)  # as an older lingcode left it
-    SessionStore(path).close()
+    ChatStore(path).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
 
 # A writer that reports each message once it is committed (add() returns after the commit).
 WRITER = """
 import sys
-from lingcode.tui.store import SessionStore
-store = SessionStore(sys.argv[1])
+from lingcode.tui.store import ChatStore
+store = ChatStore(sys.argv[1])
 session = store.create(title="killed mid-write")
 answer = store.add(session.id, "assistant", state="streaming")
 for i in range(10**9):
@@ -296,7 +296,7 @@ def test_kill_9_mid_write_loses_nothing_committed(tmp_path):
     assert writer.wait() == -signal.SIGKILL
     assert path.with_name("chat.sqlite3-wal").exists()  # no checkpoint on the way out: the WAL is replayed
 
-    store = SessionStore(path)
+    store = ChatStore(path)
     assert store.recovered is None
     assert [tuple(row) for row in store.db.execute("PRAGMA integrity_check")] == [("ok",)]
     [session] = store.sessions()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lingcode.tui.store import SessionStore
+from lingcode.tui.store import ChatStore
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 
@@ -92,7 +92,7 @@ def test_lingcode_chat_in_a_terminal(tmux, daemon, tmp_path):
     tmux.keys("C-q")
     tmux.wait_for(lambda s: s == "", "the chat to quit")
 
-    store = SessionStore(store_path)
+    store = ChatStore(store_path)
     session = store.last()
     question, answer = store.messages(session.id)
     assert question.content == "Write a Python function\nthat reverses a string."
@@ -104,7 +104,7 @@ def test_lingcode_chat_in_a_terminal(tmux, daemon, tmp_path):
     tmux.wait_for(lambda s: "that reverses a string." in s and "● smollm2-135m-instruct" in s, "the resumed session")
     tmux.keys("Now write a long story about a dragon who learns Python.", literal=True)
     tmux.keys("Enter")
-    store = SessionStore(store_path)
+    store = ChatStore(store_path)
 
     def answer_so_far() -> str:
         messages = store.messages(session.id)

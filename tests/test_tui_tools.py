@@ -12,7 +12,7 @@ import pytest
 from lingcode.tui.attachments import AttachError, attach, complete_path
 from lingcode.tui.commands import UnknownCommand, complete, parse
 from lingcode.tui.conversation import ReplyReader
-from lingcode.tui.tools import TOOLS, Call, ToolError, schemas
+from lingcode.tui.tools.calls import TOOLS, Call, ToolError, schemas
 from lingcode.tui.tools import files, shell
 from lingcode.tui.tools.permissions import Permissions, Rule, parse_rules
 

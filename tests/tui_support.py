@@ -5,19 +5,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from lingcode.client import DaemonLink
 from lingcode.tui.app import ChatApp
-from lingcode.tui.link import DaemonLink
-from lingcode.tui.store import SessionStore
+from lingcode.tui.store import ChatStore
 from lingcode.tui.tools.permissions import Permissions
 
 SIZE = (100, 32)
 
 
-def chat_app(store: SessionStore, workdir: Path, *, permissions: Permissions | None = None, max_tokens: int = 12,
+def chat_app(store: ChatStore, workdir: Path, *, permissions: Permissions | None = None, max_tokens: int = 12,
              **options) -> ChatApp:  # fmt: skip
     """A chat on the daemon that LINGCODE_HOME names; it never starts one of its own (autostart off)."""
     return ChatApp(
-        link=DaemonLink(autostart=False), store=store, workdir=workdir, permissions=permissions or Permissions([]),
+        link=DaemonLink(auto_start=False), store=store, workdir=workdir, permissions=permissions or Permissions([]),
         max_tokens=max_tokens, temperature=0, **options,
     )  # fmt: skip
 

@@ -23,16 +23,15 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header
 
-from lingcode.client import ErrorResponse, DaemonError
+from lingcode.client import DaemonError, DaemonLink, ErrorResponse, Progress
 from lingcode.tui import commands
 from lingcode.tui.attachments import AttachError, attach
 from lingcode.tui.commands import CommandActions, UnknownCommand
 from lingcode.tui.conversation import (
     INTERRUPTED_RESULT, Reply, context_used, model_messages, request_body, stream_reply, tool_calls_json,
 )  # fmt: skip
-from lingcode.tui.link import DaemonLink
-from lingcode.tui.store import Session, SessionStore
-from lingcode.tui.tools import Call, ToolError, schemas
+from lingcode.tui.store import ChatSession, ChatStore
+from lingcode.tui.tools.calls import Call, ToolError, schemas
 from lingcode.tui.tools.permissions import Permissions
 from lingcode.tui.widgets import CSS_FILES
 from lingcode.tui.widgets.message import MessageView, NoteView
@@ -60,17 +59,19 @@ class ChatApp(CommandActions, App):
     ]
 
     def __init__(
-        self, *, link: DaemonLink, store: SessionStore, workdir: Path, permissions: Permissions | None = None,
+        self, *, link: DaemonLink, store: ChatStore, workdir: Path, permissions: Permissions | None = None,
         resume: int | str | None = None, agent: bool = False, system: str = "", max_tokens: int | None = None,
         temperature: float | None = None,
     ):  # fmt: skip
         super().__init__()
         self.link, self.store, self.workdir = link, store, workdir.resolve()
+        # A start's log lines go to a note; its outcome is the Connected message or an error here.
+        link.progress = Progress(begin=lambda _: None, report=self.show_progress, end=lambda _: None)
         self.permissions = permissions or Permissions.load()
         self.resume = resume  # "last", a session id, or None for a new session
         self.new_session_settings = {"agent": agent, "system": system}
         self.max_tokens, self.temperature = max_tokens, temperature
-        self.session: Session | None = None  # created with the first message
+        self.session: ChatSession | None = None  # created with the first message
         self.answering = False
         self.waiting_for_daemon = False  # a message waits to be answered once the daemon is back
         self.progress: list[str] = []
@@ -113,7 +114,7 @@ class ChatApp(CommandActions, App):
         self.connect()
 
     async def on_unmount(self) -> None:
-        await self.link.disconnect()
+        await self.link.close()
 
     # the daemon
 
@@ -121,13 +122,13 @@ class ChatApp(CommandActions, App):
     async def connect(self) -> None:
         self.stats_bar.set_link("connecting to the daemon…", "busy")
         try:
-            await self.link.connect(self.show_progress)
-        except (DaemonError, ErrorResponse, httpx.HTTPError, OSError) as e:
+            await self.link.ready()
+        except DaemonError as e:
             log.warning("connect failed: %s", e)
             await self.note(f"Could not reach or start the daemon: {e}", error=True)
             self.reconnect()
             return
-        self.post_message(self.Connected())  # queued after the progress lines the thread posted
+        self.post_message(self.Connected())  # queued after the start's progress lines
 
     @work(exclusive=True, group="link", exit_on_error=False)
     async def reconnect(self) -> None:
@@ -135,8 +136,8 @@ class ChatApp(CommandActions, App):
             queued = ", your message waits" if self.waiting_for_daemon else ""
             self.stats_bar.set_link(f"daemon unreachable: retrying ({attempt}){queued}", "trouble")
 
-        await self.link.reconnect(self.show_progress, waiting)
-        self.post_message(self.Connected())  # queued after the progress lines the thread posted
+        await self.link.reconnect(waiting)
+        self.post_message(self.Connected())  # queued after the start's progress lines
 
     class Connected(Message):
         pass
@@ -159,7 +160,7 @@ class ChatApp(CommandActions, App):
             self.line = line
 
     def show_progress(self, line: str) -> None:
-        """A line of the daemon's start-up log; called from the thread that starts it (post_message is thread-safe)."""
+        """A line of the daemon's start-up log, or why it could not be reached."""
         self.post_message(self.DaemonProgress(line))
 
     @on(DaemonProgress)
@@ -380,13 +381,13 @@ class ChatApp(CommandActions, App):
 
     # sessions and the screen
 
-    def ensure_session(self) -> Session:
+    def ensure_session(self) -> ChatSession:
         if self.session is None:
             self.session = self.store.create(workdir=str(self.workdir), **self.new_session_settings)
             self.show_header()
         return self.session
 
-    async def open_session(self, session: Session) -> None:
+    async def open_session(self, session: ChatSession) -> None:
         self.session = session
         await self.show_session()
 

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from lingcode.client import Client
-from lingcode.tui.store import Message, Session
-from lingcode.tui.tools import Call
+from lingcode.tui.store import ChatMessage, ChatSession
+from lingcode.tui.tools.calls import Call
 
 INTERRUPTED_RESULT = "(no result: the tool call was interrupted before it ran)"
 
@@ -29,7 +29,7 @@ class Reply:
         return {"timings": self.timings, "usage": self.usage, "finish_reason": self.finish_reason}
 
 
-def model_messages(session: Session, messages: list[Message]) -> list[dict]:
+def model_messages(session: ChatSession, messages: list[ChatMessage]) -> list[dict]:
     """The conversation in OpenAI's shape, from the session's context start (after /clear).
 
     An answer that failed (the daemon went away mid-answer) stays in the session but is not sent:
@@ -65,7 +65,7 @@ def with_attachments(text: str, attachments: list[dict]) -> str:
     return "".join(parts)
 
 
-def context_used(messages: list[Message]) -> int:
+def context_used(messages: list[ChatMessage]) -> int:
     """Tokens the conversation held after its last answer (its prompt plus what was generated)."""
     for message in reversed(messages):
         usage = message.stats.get("usage") or {}

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from lingcode import paths
+from lingcode.client import DaemonLink
 from lingcode.tui.app import ChatApp
-from lingcode.tui.link import DaemonLink
-from lingcode.tui.store import SessionStore
+from lingcode.tui.store import ChatStore
 
 
 def log_file() -> Path:
@@ -23,7 +23,7 @@ def main(args: argparse.Namespace) -> int:
         filename=paths.private_file(log_file()), level=logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True,
     )
-    store = SessionStore()
+    store = ChatStore()
     resume: int | str | None = "last" if args.continue_ else None
     if args.resume is not None:
         if store.get(args.resume) is None:

@@ -7,17 +7,17 @@ import time
 
 from pathlib import Path
 
-from lingcode.tui.store.sessions import Message, Session, SessionStore
+from lingcode.tui.store.sessions import ChatMessage, ChatSession, ChatStore
 
 
-def export_session(store: SessionStore, session_id: int, path: Path) -> Path:
+def export_session(store: ChatStore, session_id: int, path: Path) -> Path:
     """Write the session as Markdown to path."""
     text = session_markdown(store.get(session_id), store.messages(session_id))
     path.write_text(text, encoding="utf-8")
     return path
 
 
-def session_markdown(session: Session, messages: list[Message]) -> str:
+def session_markdown(session: ChatSession, messages: list[ChatMessage]) -> str:
     created = time.strftime("%Y-%m-%d %H:%M", time.localtime(session.created))
     lines = [f"# {session.title or f'Session {session.id}'}", "", f"_lingcode chat session {session.id}, {created}_"]
     if session.workdir:
@@ -29,7 +29,7 @@ def session_markdown(session: Session, messages: list[Message]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _message_markdown(message: Message) -> list[str]:
+def _message_markdown(message: ChatMessage) -> list[str]:
     if message.role == "user":
         lines = ["## You", "", message.content]
         for attachment in message.attachments:

@@ -69,7 +69,9 @@ def default_path() -> Path:
 
 
 @dataclass
-class Session:
+class ChatSession:
+    """A conversation in the chat UI, kept as text (the daemon's token-exact sessions are another thing)."""
+
     id: int
     title: str
     system: str
@@ -83,7 +85,7 @@ class Session:
 
 
 @dataclass
-class Message:
+class ChatMessage:
     id: int
     session_id: int
     role: str
@@ -97,7 +99,9 @@ class Message:
     created: float = 0.0
 
 
-class SessionStore:
+class ChatStore:
+    """The chat UI's sessions and messages, in one SQLite file (chat.sqlite3)."""
+
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +133,7 @@ class SessionStore:
 
     # sessions
 
-    def create(self, *, system: str = "", agent: bool = False, workdir: str = "", title: str = "") -> Session:
+    def create(self, *, system: str = "", agent: bool = False, workdir: str = "", title: str = "") -> ChatSession:
         now = time.time()
         cursor = self.db.execute(
             "INSERT INTO sessions (title, system, agent, workdir, created, updated) VALUES (?, ?, ?, ?, ?, ?)",
@@ -137,20 +141,20 @@ class SessionStore:
         )
         return self.get(cursor.lastrowid)
 
-    def get(self, session_id: int) -> Session | None:
+    def get(self, session_id: int) -> ChatSession | None:
         row = self.db.execute(f"{_SESSION_SELECT} WHERE s.id = ? GROUP BY s.id", (session_id,)).fetchone()
         return self._session(row) if row else None
 
-    def sessions(self) -> list[Session]:
+    def sessions(self) -> list[ChatSession]:
         """All sessions, the most recently used first."""
         rows = self.db.execute(f"{_SESSION_SELECT} GROUP BY s.id ORDER BY s.updated DESC, s.id DESC")
         return [self._session(row) for row in rows]
 
-    def last(self) -> Session | None:
+    def last(self) -> ChatSession | None:
         sessions = self.sessions()
         return sessions[0] if sessions else None
 
-    def update(self, session_id: int, **fields) -> Session:
+    def update(self, session_id: int, **fields) -> ChatSession:
         """Change title, system, agent, workdir, context_start or always_allow."""
         allowed = {"title", "system", "agent", "workdir", "context_start", "always_allow"}
         if not fields or not set(fields) <= allowed:
@@ -167,7 +171,7 @@ class SessionStore:
 
     # messages
 
-    def add(self, session_id: int, role: str, content: str = "", **fields) -> Message:
+    def add(self, session_id: int, role: str, content: str = "", **fields) -> ChatMessage:
         """Append a message; attachments, tool_calls, tool_call_id, state, error, stats are optional."""
         now = time.time()
         cursor = self.db.execute(
@@ -182,19 +186,19 @@ class SessionStore:
         self.db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (now, session_id))
         return self.message(cursor.lastrowid)
 
-    def message(self, message_id: int) -> Message | None:
+    def message(self, message_id: int) -> ChatMessage | None:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
         return self._message(row) if row else None
 
-    def messages(self, session_id: int) -> list[Message]:
+    def messages(self, session_id: int) -> list[ChatMessage]:
         rows = self.db.execute("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,))
         return [message for row in rows if (message := self._message(row)) is not None]
 
     # rows, as read: what a hand-edited row holds is checked, never trusted
 
-    def _session(self, row: sqlite3.Row) -> Session:
+    def _session(self, row: sqlite3.Row) -> ChatSession:
         where = f"session {row['id']}"
-        return Session(
+        return ChatSession(
             id=row["id"], title=_text(row["title"]), system=_text(row["system"]), agent=bool(row["agent"]),
             workdir=_text(row["workdir"]), context_start=_number(row["context_start"], int),
             always_allow=self._column(row, where, "always_allow", [], _strings),
@@ -202,7 +206,7 @@ class SessionStore:
             message_count=row["message_count"],
         )  # fmt: skip
 
-    def _message(self, row: sqlite3.Row) -> Message | None:
+    def _message(self, row: sqlite3.Row) -> ChatMessage | None:
         where = f"message {row['id']} of session {row['session_id']}"
         role = row["role"]
         if role not in ROLES:
@@ -212,7 +216,7 @@ class SessionStore:
         if state != row["state"]:
             self._report(("message", row["id"], "state"), f"{where} has the state {reprlib.repr(row['state'])}; "
                                                            "it is taken as done")  # fmt: skip
-        return Message(
+        return ChatMessage(
             id=row["id"], session_id=row["session_id"], role=role, content=_text(row["content"]),
             attachments=self._column(row, where, "attachments", [], _attachments),
             tool_calls=self._column(row, where, "tool_calls", [], _tool_calls),
@@ -243,7 +247,7 @@ class SessionStore:
         self.db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     def finish(self, message_id: int, *, state: str, content: str | None = None, error: str | None = None,
-               stats: dict | None = None, tool_calls: list[dict] | None = None) -> Message:  # fmt: skip
+               stats: dict | None = None, tool_calls: list[dict] | None = None) -> ChatMessage:  # fmt: skip
         self.db.execute(
             "UPDATE messages SET state = ?, content = COALESCE(?, content), error = ?, stats = COALESCE(?, stats),"
             " tool_calls = COALESCE(?, tool_calls) WHERE id = ?",

@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from lingcode.tui.store import SessionStore
+from lingcode.tui.store import ChatStore
 from lingcode.tui.store.export import export_session
 from lingcode.tui.widgets.dialogs import ConfirmDialog, TextDialog
 
@@ -26,7 +26,7 @@ class SessionsScreen(Screen[int | None]):
         Binding("escape", "dismiss(None)", "Back"),
     ]
 
-    def __init__(self, store: SessionStore, current: int | None, export_dir: Path):
+    def __init__(self, store: ChatStore, current: int | None, export_dir: Path):
         super().__init__()
         self.store, self.current, self.export_dir = store, current, export_dir
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import Collapsible, Markdown
 
 from lingcode.tui.store.export import fence
-from lingcode.tui.tools import Call, ToolError
+from lingcode.tui.tools.calls import Call, ToolError
 
 ICONS = {"running": "…", "ok": "✓", "error": "✗", "denied": "⊘"}
 
