@@ -306,7 +306,8 @@ def run(args) -> int:
         dtype = workers["lingcode"].ready["engine"].get("dtype", "float32")
         for peer in peers:
             kind = peer.removesuffix("-passive")
-            argv = [python, str(Path(__file__).with_name("worker.py"))] if kind == "llama.cpp" else worker
+            # -I: not this folder on its path (its modules are named like other packages), nor PYTHON* variables
+            argv = [python, "-I", str(Path(__file__).with_name("worker.py"))] if kind == "llama.cpp" else worker
             argv = argv + [kind, "--threads", str(threads), "--model", str(model_path), "--device", device, "--dtype", dtype]
             workers[peer] = Worker(peer, argv, threads, PEER_ENV.get(peer))
         for name, w in workers.items():

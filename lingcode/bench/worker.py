@@ -1,20 +1,19 @@
 """One engine of `lingcode bench` in a process of its own, fed requests as token ids over a pipe.
 
-`lingcode bench` (decode.py) starts one worker per engine: lingcode's (all its speculation modes),
-and each peer (transformers eager / static, llama.cpp). A peer that shares a process with another
-engine is not measured alone: llama.cpp run right after lingcode's CPU engine in one process took
-4.7x as long per token as on its own. Every worker times tokens with the same Clock.
+decode.py starts one worker per engine (lingcode's, with all its speculation modes, and each peer),
+because a peer sharing lingcode's process is not measured alone (bench/README.md says why). Every
+worker times its tokens with the same Clock.
 
-Protocol, one JSON object a line. The worker writes {"ready": {...}} once loaded; then it answers
-each line it reads: {"request": {"input_ids", "max_tokens", "stop_ids", "speculation"}} with
-{"result": {"ttft_ms", "tpot_ms", "tokens", "token_ids", "accept_length", "served"}}; {"plan": {...}}
-(the lingcode worker only) with {"requests": [...]}, the workload's prompts as token ids. An error
-is answered {"error": "..."}; end of input ends the worker.
+Protocol, one JSON object a line. The worker writes {"ready": {...}} once loaded, then answers
+{"request": {"input_ids", "max_tokens", "stop_ids", "speculation"}} with {"result": {"ttft_ms",
+"tpot_ms", "tokens", "token_ids", "accept_length", "served"}}, and {"plan": {...}} (lingcode only)
+with {"requests": [...]}, the workload's prompts as token ids; a failure with {"error": "..."}.
+End of input ends it.
 
-Only the standard library is imported at the top, so that another interpreter can run this file by
-its path: llama-cpp-python lives in a venv of its own (/work/peers/README.md, bench/README.md).
-    python -m lingcode.bench.worker lingcode|transformers-eager|transformers-static --model M [...]
-    PEER_PYTHON path/to/lingcode/bench/worker.py llama.cpp --model M.gguf --threads 2
+Only the standard library is imported at the top, so another interpreter can run this file by its
+path (llama-cpp-python lives in a venv of its own):
+    python -m lingcode.bench.worker lingcode|transformers-eager|transformers-static --model M --threads N
+    PEER_PYTHON -I path/to/lingcode/bench/worker.py llama.cpp --model M.gguf --threads N
 """
 
 from __future__ import annotations
