@@ -119,8 +119,11 @@ class Worker:
         return reply
 
     def ask(self, message: dict) -> dict:
-        self.proc.stdin.write(json.dumps(message) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it has exited: _read says how
         return self._read()
 
     def close(self) -> None:
@@ -274,6 +277,9 @@ def run(args) -> int:
         return 2
     speculation = [s for s in args.speculation.split(",") if s]
     peers = [p for p in args.peers.split(",") if p]
+    if args.threads is not None and args.threads < 1:
+        print("lingcode bench: --threads must be at least 1", file=sys.stderr)
+        return 2
     threads = args.threads or torch.get_num_threads()
     worker = [sys.executable, "-m", "lingcode.bench.worker"]
     if args.engine == "sglang":  # the production engine: launch (or attach to) SGLang as serve does
