@@ -17,7 +17,15 @@ TORCH := torch==2.13.0
 # parser imports (tests/sglang-parser-requirements.txt). Keep in step with lingcode/engine/sglang/profiles.py.
 SGLANG := sglang==0.5.23
 
-.PHONY: run test clean tmux-if-missing
+# The llama.cpp peer of `lingcode bench --peers llama.cpp` (benchmarks only, never part of `make
+# test`): llama-cpp-python compiles llama.cpp at install, 10-30 minutes on 2 cores, into a venv of
+# its own (no torch there). GGML_NATIVE builds for this machine's CPU; where that build fails, try
+# LLAMA_CPP_CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON'.
+LLAMA_CPP_VENV ?= .venv-llama-cpp
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
+
+.PHONY: run test clean tmux-if-missing llama-cpp-peer
 
 run: $(VENV)/.installed-run
 	$(BIN)/lingcode pull
@@ -54,6 +62,15 @@ tmux-if-missing:
 	@command -v tmux >/dev/null || { command -v apt-get >/dev/null && \
 	  { $(SUDO) apt-get install -y -q tmux || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q tmux; }; }; } \
 	  || echo "tmux could not be installed: the tmux test of lingcode chat will be skipped"
+
+llama-cpp-peer: $(LLAMA_CPP_VENV)/.installed
+
+$(LLAMA_CPP_VENV)/.installed:
+	test -x $(LLAMA_CPP_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_CPP_VENV)
+	CMAKE_ARGS='$(LLAMA_CPP_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	  $(LLAMA_CPP_VENV)/bin/python -m pip install --no-binary llama-cpp-python $(LLAMA_CPP)
+	$(LLAMA_CPP_VENV)/bin/python -c 'import llama_cpp; print(llama_cpp.llama_print_system_info().decode())'
+	touch $@
 
 clean:
 	rm -rf $(VENV)

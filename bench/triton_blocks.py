@@ -5,14 +5,13 @@ one layer of random weights in SmolLM2-135M's shapes. The weights stay in L2 her
 step: use it to rank block sizes, and bench/triton_vs_torch.py for the step's time. Prints the
 fastest configurations; copy the winners into BLOCKS in lingcode/engine/local/triton_step.py.
 
-PYTHONPATH=. python3 bench/triton_blocks.py
+python bench/triton_blocks.py     (on a GPU machine without lingcode installed: PYTHONPATH=. python3 ...)
 """
 
 import itertools
 
 import torch
-from random_weights import random_weights
-from replay_timing import per_launch_us
+from gpu_timing import per_launch_us, random_weights
 
 from lingcode.engine.local import triton_step
 from lingcode.engine.local.model import Transformer

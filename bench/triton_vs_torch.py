@@ -6,7 +6,8 @@ For each kernel set: ms per CUDA graph replay of the decode step (width 1) and v
 (widths 4 and 8) at contexts 300 and 2000 (median of 5 runs of 200 replays), load + capture time, and how
 far the Triton step's logits and KV cache entries are from the torch step's on the same inputs.
 
-PYTHONPATH=. LINGCODE_MODEL=path/to/SmolLM2-135M-Instruct.Q4_1.gguf python3 bench/triton_vs_torch.py
+LINGCODE_MODEL=path/to/SmolLM2-135M-Instruct.Q4_1.gguf python bench/triton_vs_torch.py
+(on a GPU machine without lingcode installed: PYTHONPATH=. python3 ...)
 LINGCODE_MODEL=random: random weights in SmolLM2-135M's shapes (timing only; no file needed).
 """
 
@@ -14,8 +15,7 @@ import os
 import time
 
 import torch
-from random_weights import random_weights
-from replay_timing import ms_per_replay
+from gpu_timing import ms_per_replay, random_weights
 
 from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.model import Transformer

@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(needs cuda); auto: Triton on a GPU unless --compile (default: auto)")
     serve.add_argument("--compile", action="store_true",
                        help="torch.compile the local engine's decode step: on 2 CPU cores ~1.6x faster per token "
-                            "(bench/results/cpu-2026-11-29.md), for 2-5 minutes of compiling at start (less once "
+                            "(bench/results/cpu-variants-2026-11-29.txt), for 2-5 minutes of compiling at start (less once "
                             "Inductor's cache is warm); on a GPU, the captured step")
     serve.add_argument("--speculation", metavar="S", default="ngram",
                        help="the local engine's drafting: ngram (prompt lookup, the default), off, or early-exit:L")
@@ -380,16 +380,17 @@ def build_parser() -> argparse.ArgumentParser:
     lsp.set_defaults(func=cmd_lsp)
 
     bench_lsp = benches.add_parser(
-        "lsp", help="replay typing through a file against `lingcode lsp`: keystroke-to-suggestion latency",
-        description="Types a real Python file of this repo character by character into `lingcode lsp` (a real "
-                    "server process and daemon), asking for an inline completion after each keystroke. Reports "
-                    "p50/p95 keystroke-to-suggestion for fresh suggestions and typed-ahead hits, the hit rate, "
-                    "and tokens prefilled per request.",
+        "lsp", help="replay typing through files against `lingcode lsp`: keystroke-to-suggestion latency",
+        description="Types real source files character by character into `lingcode lsp` (a real server process "
+                    "per file, one daemon), asking for an inline completion after each keystroke. Reports p50/p95 "
+                    "keystroke-to-suggestion for fresh suggestions and typed-ahead hits against the goals, the "
+                    "hit rate, and tokens prefilled per request, per file and over all.",
     )  # fmt: skip
-    bench_lsp.add_argument("--file", type=Path, default=None,
-                           help="file to type through (default: lingcode/pipeline/scheduler.py of this installation)")
+    bench_lsp.add_argument("--file", type=Path, nargs="+", default=None, metavar="FILE",
+                           help="files to type through, in turn, any language (e.g. bench/inputs/lsp/*; default: "
+                                "lingcode/pipeline/scheduler.py of this installation)")
     bench_lsp.add_argument("--start-line", type=int, default=None,
-                           help="line where typing starts (default: a third into the file)")
+                           help="line where typing starts in each file (default: a third into the file)")
     bench_lsp.add_argument("--chars", type=_positive, default=300, help="characters to type (default: 300)")
     bench_lsp.add_argument("--compile", action="store_true", help="the daemon compiles its decode step (serve --compile)")
     bench_lsp.add_argument("--reuse-daemon", action="store_true",

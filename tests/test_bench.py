@@ -1,24 +1,77 @@
-"""`lingcode bench` runs end to end on the CPU and writes what it claims (numbers are not asserted)."""
+"""`lingcode bench` runs end to end on the CPU and writes what it claims (numbers are not asserted).
+
+Each engine runs in a worker process of its own; these tests check that the variants ran there,
+on the same prompts, and what they answered, never how fast."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
+import pytest
+
+BENCH = [sys.executable, "-m", "lingcode", "bench", "--device", "cpu"]
+
+
+def run_bench(tmp_path, model_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "bench"
+    done = subprocess.run([*BENCH, "--model", str(model_path), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done, json.loads(out.with_suffix(".json").read_text())
+
 
 def test_bench_writes_json_markdown_and_plot(tmp_path, model_path):
-    out = tmp_path / "cpu"
-    done = subprocess.run(
-        [sys.executable, "-m", "lingcode", "bench", "--model", str(model_path), "--device", "cpu",
-         "--workload", "completion,code-edit", "--speculation", "off,ngram", "--requests", "1",
-         "--max-tokens", "6", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(out.with_suffix(".json").read_text())
+    _, report = run_bench(tmp_path, model_path, "--workload", "completion,code-edit", "--speculation", "off,ngram",
+                          "--requests", "1", "--max-tokens", "6")  # fmt: skip
     variants = {(row["workload"], row["variant"]) for row in report["summary"]}
     assert variants == {(w, v) for w in ("completion", "code-edit") for v in ("lingcode-off", "lingcode-ngram")}
     assert all(r["tokens"] >= 1 and r["ttft_ms"] > 0 for r in report["requests"])
-    assert "| workload | variant |" in out.with_suffix(".md").read_text()
-    assert report["command"].startswith("lingcode bench --model")
+    # Greedy drafts are lossless: n-gram decoding gives plain decoding's tokens, request by request.
+    assert all(r["same_as_first"] for r in report["requests"])
+    assert all(row["same_tokens_as_first"] == 1 for row in report["summary"])
+    assert "| workload | variant |" in (tmp_path / "bench.md").read_text()
+    assert report["command"].startswith("lingcode bench --device cpu --model")
+    assert report["threads"] >= 1 and report["workers"]["lingcode"]["threads"] == report["threads"]
+    assert report["workers"]["lingcode"]["pid"] != os.getpid()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers (make test installs it)")
+def test_bench_runs_a_peer_in_a_process_of_its_own(tmp_path, model_path):
+    _, report = run_bench(tmp_path, model_path, "--workload", "chat", "--speculation", "off",
+                          "--peers", "transformers-eager", "--threads", "1", "--requests", "2", "--max-tokens", "5")  # fmt: skip
+    workers = report["workers"]
+    assert set(workers) == {"lingcode", "transformers-eager"}
+    assert workers["lingcode"]["pid"] != workers["transformers-eager"]["pid"]
+    assert workers["transformers-eager"]["threads"] == workers["lingcode"]["threads"] == 1
+    assert "transformers" in workers["transformers-eager"]["versions"]
+    peer = [r for r in report["requests"] if r["variant"] == "transformers-eager"]
+    ours = [r for r in report["requests"] if r["variant"] == "lingcode-off"]
+    # Alternating A, B, A, B: the same prompts to both, each worker warmed up once first.
+    assert [r["request"] for r in peer] == [r["request"] for r in ours] == [0, 1]
+    assert [r["prompt_tokens"] for r in peer] == [r["prompt_tokens"] for r in ours]
+    assert [r["served"] for r in peer] == [2, 3]
+    assert all(r["tokens"] == 5 == len(r["token_ids"]) and r["tpot_ms"] > 0 for r in peer)  # chat: exactly max tokens
+
+
+def test_bench_says_how_to_get_llama_cpp_when_it_is_missing(tmp_path, model_path):
+    done = subprocess.run([*BENCH, "--model", str(model_path), "--peers", "llama.cpp",
+                           "--llama-cpp-python", str(tmp_path / "no-such-python")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert "cannot import llama_cpp" in done.stderr and "bench/README.md" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("LINGCODE_LLAMA_CPP_PYTHON"),
+                    reason="llama.cpp is a benchmark-only peer: set LINGCODE_LLAMA_CPP_PYTHON (bench/README.md)")
+def test_bench_runs_llama_cpp_in_its_own_interpreter(tmp_path, model_path):
+    _, report = run_bench(tmp_path, model_path, "--workload", "code-edit", "--speculation", "off",
+                          "--peers", "llama.cpp", "--requests", "1", "--max-tokens", "8")  # fmt: skip
+    worker = report["workers"]["llama.cpp"]
+    assert worker["engine"]["python"] != sys.executable and worker["threads"] == report["threads"]
+    peer = [r for r in report["requests"] if r["variant"] == "llama.cpp"]
+    assert len(peer) == 1 and 1 <= peer[0]["tokens"] <= 8

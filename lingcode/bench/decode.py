@@ -3,31 +3,30 @@
 Every request of a workload runs once per variant, alternating (A, B, A, B, ...), so a noisy
 machine slows all variants alike. Variants are the engine's speculation modes and, optionally,
 the peers a user would otherwise pick on the same weights: transformers `generate` (eager, and
-with its static cache) and llama.cpp through llama-cpp-python on the same GGUF.
+with its static cache) and llama.cpp through llama-cpp-python on the same GGUF. Each engine runs
+in a process of its own (worker.py), fed the same prompts as token ids, with the same thread
+count, and timed by the same code.
 
 Per request: TTFT (request start -> first token), TPOT ((last - first token) / (tokens - 1)),
-tokens, and tokens per verify step when drafting. Results are JSON (and a PNG plot) under
-bench/results/.
+tokens, tokens per verify step when drafting, and whether the tokens are the first variant's.
+Results are JSON, Markdown and a PNG plot (--out).
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
-import time
+import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lingcode.bench import source_commit
-from lingcode.engine import SamplingParams
-
-if TYPE_CHECKING:
-    import torch
 
 # torch and jinja2 are imported where they are used: `lingcode --help` builds this command's options from here.
 
@@ -49,7 +48,11 @@ class Result:
     tokens: int
     ttft_ms: float
     tpot_ms: float | None
-    accept_length: float | None = None
+    accept_length: float | None
+    request: int  # index in the plan: the same prompt for every variant
+    same_as_first: bool  # the same tokens as the first variant's on this request (greedy)
+    served: int  # requests its worker had answered, this one included (warm-up too)
+    token_ids: list[int]
 
 
 # --- workloads ----------------------------------------------------------------------------------
@@ -62,9 +65,9 @@ def _code_sample(lines: int = 40) -> str:
 
 
 def workload_requests(name: str, tokenizer, chat_template: str, n: int, max_tokens: int) -> list[Request]:
-    from lingcode.text.chat_template import render_chat
-
     def chat(text: str) -> list[int]:
+        from lingcode.text.chat_template import render_chat
+
         return tokenizer.encode(render_chat(chat_template, [{"role": "user", "content": text}]))
 
     if name == "random":  # random prompt tokens, a fixed number of output tokens
@@ -92,119 +95,88 @@ def workload_requests(name: str, tokenizer, chat_template: str, n: int, max_toke
 WORKLOADS = ("random", "chat", "completion", "code-edit")
 
 
-# --- runners ------------------------------------------------------------------------------------
+# --- the workers ----------------------------------------------------------------------------------
 
 
-class EngineRunner:
-    """A lingcode engine through its Engine interface. The embedded engine runs one speculation
-    mode per runner from a cold KV cache; an SGLang engine runs as its profile configured it."""
+class Worker:
+    """An engine in a process of its own (worker.py), answering requests over a pipe."""
 
-    def __init__(self, engine, name: str, speculation: str | None = None):
-        self.engine, self.name, self.speculation = engine, name, speculation
+    def __init__(self, name: str, argv: list[str], threads: int, env: dict | None = None):
+        self.name = name
+        self.log = tempfile.TemporaryFile(mode="w+")  # its stderr, shown if it fails
+        env = os.environ | {"OMP_NUM_THREADS": str(threads)} | (env or {})
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, env=env)  # fmt: skip
+        self.ready = self._read()["ready"]
 
-    def run(self, request: Request) -> tuple[float, float | None, int, float | None]:
-        if self.speculation is not None:
-            self.engine.set_speculation(self.speculation)
-            self.engine.reset_cache()
-        params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=request.ignore_eos)
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            self.log.seek(0)
+            tail = "\n".join(self.log.read().splitlines()[-20:])
+            raise WorkerFailed(f"the {self.name} worker exited ({self.proc.returncode}):\n{tail}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise WorkerFailed(f"the {self.name} worker: {reply['error']}")
+        return reply
 
-        async def go():
-            start = time.perf_counter()
-            first = last = None
-            tokens = 0
-            async for chunk in self.engine.generate(f"bench-{time.monotonic_ns()}", request.input_ids, params):
-                now = time.perf_counter()
-                if chunk.token_ids:
-                    first = first or now
-                    last = now
-                    tokens += len(chunk.token_ids)
-            return start, first, last, tokens
+    def ask(self, message: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it has exited: _read says how
+        return self._read()
 
-        start, first, last, tokens = asyncio.run(go())
-        accept = self.engine.stats().get("last_request", {}).get("accept_length")
-        if self.speculation == "off":
-            accept = None
-        tpot = (last - first) * 1e3 / (tokens - 1) if tokens > 1 else None
-        return (first - start) * 1e3, tpot, tokens, accept
-
-
-class TransformersRunner:
-    """transformers' LlamaForCausalLM on the same weights, `generate` greedy (eager or static cache)."""
-
-    def __init__(self, checkpoint, device, dtype, cache: str):
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        cfg = checkpoint.config
-        config = LlamaConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
-            num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-            max_position_embeddings=cfg.context_length, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps,
-            tie_word_embeddings=cfg.tied_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},  # transformers >= 5
-        )  # fmt: skip
-        names = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
-                 "wv": "self_attn.v_proj", "wo": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-                 "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}  # fmt: skip
-        state = {"model.embed_tokens.weight": checkpoint.weights["tok_embeddings"],
-                 "model.norm.weight": checkpoint.weights["norm"]}  # fmt: skip
-        for key, tensor in checkpoint.weights.items():
-            if key.startswith("layers."):
-                _, i, short = key.split(".")
-                state[f"model.layers.{i}.{names[short]}.weight"] = tensor
-        self.model = LlamaForCausalLM(config)
-        self.model.load_state_dict(state, strict=False)
-        self.model.tie_weights()
-        self.model = self.model.to(device=device, dtype=dtype).eval()
-        self.device, self.cache = device, cache
-        self.name = f"transformers-{cache}"
-
-    def _generate(self, ids: torch.Tensor, n: int) -> float:
-        import torch
-
-        kwargs = {"cache_implementation": "static"} if self.cache == "static" else {}
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        self.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, **kwargs)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) * 1e3
-
-    def run(self, request: Request) -> tuple[float, float | None, int, float | None]:
-        import torch
-
-        ids = torch.tensor([request.input_ids], device=self.device)
-        with torch.inference_mode():
-            if self.cache == "static":  # untimed: a new prompt or cache length compiles (transformers
-                self._generate(ids, 1)  # compiles static-cache decoding), ~180 ms in a timed call
-                self._generate(ids, request.max_tokens)
-            ttft = self._generate(ids, 1)
-            total = self._generate(ids, request.max_tokens)
-        return ttft, (total - ttft) / (request.max_tokens - 1), request.max_tokens, None
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
 
 
-class LlamaCppRunner:
-    """llama.cpp (llama-cpp-python) on the same GGUF, streaming, greedy."""
+class WorkerFailed(RuntimeError):
+    pass
 
-    def __init__(self, gguf_path: Path, threads: int):
-        from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=4096, n_threads=threads, n_batch=512, verbose=False)
-        self.name = "llama.cpp"
+def llama_cpp_python(option: str | None) -> str:
+    """The interpreter that runs the llama.cpp peer: --llama-cpp-python, $LINGCODE_LLAMA_CPP_PYTHON,
+    the venv `make llama-cpp-peer` builds in this checkout, or this one."""
+    built = REPO / ".venv-llama-cpp" / "bin" / "python"
+    return option or os.environ.get("LINGCODE_LLAMA_CPP_PYTHON") or (str(built) if built.exists() else sys.executable)
 
-    def run(self, request: Request) -> tuple[float, float | None, int, float | None]:
-        self.llm.reset()
-        start = time.perf_counter()
-        first = last = None
-        tokens = 0
-        for _ in self.llm.generate(request.input_ids, temp=0.0, top_k=1, reset=True):
-            now = time.perf_counter()
-            first = first or now
-            last = now
-            tokens += 1
-            if tokens >= request.max_tokens:
-                break
-        return (first - start) * 1e3, (last - first) * 1e3 / max(tokens - 1, 1), tokens, None
+
+def check_peer(peer: str, python: str, model_path: Path) -> str | None:
+    """Why `peer` cannot run here, or None."""
+    if peer in ("transformers-eager", "transformers-static"):
+        if importlib.util.find_spec("transformers") is None:
+            return f"{peer}: transformers is not installed in {sys.executable} (pip install transformers)"
+        return None
+    if peer in ("llama.cpp", "llama.cpp-passive"):
+        if model_path.is_dir() or model_path.suffix != ".gguf":
+            return f"llama.cpp: needs a GGUF model, not {model_path}"
+        try:
+            done = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True)
+        except OSError as e:
+            done = subprocess.CompletedProcess([], 1, "", str(e))
+        if done.returncode != 0:
+            return (f"llama.cpp: {python} cannot import llama_cpp. Build llama-cpp-python in a venv of its own "
+                    "(`make llama-cpp-peer`; bench/README.md), or pass --llama-cpp-python PATH/bin/python or set "
+                    "LINGCODE_LLAMA_CPP_PYTHON")  # fmt: skip
+        return None
+    return f"unknown peer {peer!r} (choose from {', '.join(PEERS)})"
+
+
+PEERS = ("transformers-eager", "transformers-static", "llama.cpp", "llama.cpp-passive")
+# llama.cpp's threads meet at an OpenMP barrier after every op, hundreds of times a token, and by
+# default libgomp spins there before it sleeps: on a machine whose cores other work also wants, a
+# thread spins away the time of the one it waits for. -passive sleeps at once (bench/README.md).
+PEER_ENV = {"llama.cpp-passive": {"OMP_WAIT_POLICY": "passive"}}
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -216,17 +188,19 @@ class Report:
     hardware: str
     date: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     commit: str = ""
-    torch: str = field(default_factory=lambda: __import__("torch").__version__)
+    threads: int = 0
+    load_avg: dict = field(default_factory=dict)  # /proc/loadavg's 1-minute figure before and after
     load_s: dict = field(default_factory=dict)
+    workers: dict = field(default_factory=dict)  # per engine: pid, versions, build, load time
     summary: list[dict] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
 
 
-def hardware(device: torch.device) -> str:
-    import torch
+def hardware(device: str, threads: int) -> str:
+    if device == "cuda":
+        import torch
 
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (1 GPU)"
+        return f"{torch.cuda.get_device_name()} (1 GPU)"
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -235,7 +209,7 @@ def hardware(device: torch.device) -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {torch.get_num_threads()} threads"
+    return f"{cpu}, {os.cpu_count()} cores, {threads} threads"
 
 
 def summarize(results: list[Result]) -> list[dict]:
@@ -251,20 +225,21 @@ def summarize(results: list[Result]) -> list[dict]:
             accepts = [r.accept_length for r in rs if r.accept_length]
             row = {
                 "workload": workload, "variant": variant, "requests": len(rs),
-                "tpot_ms_mean": round(statistics.mean(tpots), 3), "tpot_ms_median": round(statistics.median(tpots), 3),
+                "tpot_ms_median": round(statistics.median(tpots), 3), "tpot_ms_mean": round(statistics.mean(tpots), 3),
                 "output_tok_s": round(1000 * tokens / decode_ms, 1) if decode_ms else None,
-                "ttft_ms_mean": round(statistics.mean(r.ttft_ms for r in rs), 2),
+                "ttft_ms_median": round(statistics.median(r.ttft_ms for r in rs), 2),
                 "accept_length_mean": round(statistics.mean(accepts), 2) if accepts else None,
+                "same_tokens_as_first": sum(r.same_as_first for r in rs),
             }  # fmt: skip
             base = base or row
-            row["speedup_vs_first"] = round(base["tpot_ms_mean"] / row["tpot_ms_mean"], 2)
+            row["tpot_vs_first"] = round(row["tpot_ms_median"] / base["tpot_ms_median"], 2)
             rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["workload", "variant", "requests", "tpot_ms_mean", "tpot_ms_median", "output_tok_s", "ttft_ms_mean",
-            "accept_length_mean", "speedup_vs_first"]  # fmt: skip
+    cols = ["workload", "variant", "requests", "tpot_ms_median", "tpot_ms_mean", "output_tok_s", "ttft_ms_median",
+            "accept_length_mean", "same_tokens_as_first", "tpot_vs_first"]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
@@ -298,80 +273,120 @@ def plot(results: list[Result], path: Path) -> bool:
 
 
 def run(args) -> int:
-    import torch
-
     from lingcode import models
-    from lingcode.engine.local import load_engine
-    from lingcode.engine.local.engine import pick_device
-    from lingcode.engine.local.weights import load_checkpoint
 
-    unknown = [w for w in args.workload.split(",") if w and w not in WORKLOADS]
+    workloads = [w for w in args.workload.split(",") if w]
+    unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:
         print(f"lingcode bench: unknown workload {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
         return 2
+    speculation = [s for s in args.speculation.split(",") if s]
+    peers = [p for p in args.peers.split(",") if p]
+    if args.threads is not None and args.threads < 1:
+        print("lingcode bench: --threads must be at least 1", file=sys.stderr)
+        return 2
+    import torch
+
+    threads = args.threads or torch.get_num_threads()
+    worker = [sys.executable, "-m", "lingcode.bench.worker"]
     if args.engine == "sglang":  # the production engine: launch (or attach to) SGLang as serve does
-        from lingcode.engine.sglang.engine import open_engine
+        if peers:
+            print("lingcode bench: --peers run with the local engine only", file=sys.stderr)
+            return 2
+        device, model_path = "cuda", None
+        options = ["--engine", "sglang"] + [o for name in ("model", "profile", "engine_url") if getattr(args, name)
+                                            for o in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]  # fmt: skip
+        speculation = [None]
+    else:
+        from lingcode.engine.local.engine import pick_device
 
-        started = time.perf_counter()
-        engine = open_engine(args.model, engine_url=args.engine_url, profile=args.profile)
-        report = Report(command="lingcode bench " + " ".join(args.argv), hardware="SGLang: " + engine.info.name)
-        report.load_s["sglang"] = round(time.perf_counter() - started, 2)
-        return _measure(args, report, engine.info, [EngineRunner(engine, f"sglang-{args.profile or 'default'}")])
-    model_path = models.ensure(args.model) if args.model is None or not Path(args.model).exists() else Path(args.model)
-    device = pick_device(args.device)
-    report = Report(command="lingcode bench " + " ".join(args.argv), hardware=hardware(device))
-    started = time.perf_counter()
-    engine = load_engine(model_path, device=args.device, compile=args.compile, kernels=args.kernels)
-    report.load_s["lingcode"] = round(time.perf_counter() - started, 2)
-    if engine.graphs is not None:
-        report.load_s["cuda_graph_capture"] = round(engine.graphs.capture_s, 2)
-    info = engine.info
-    runners = [EngineRunner(engine, f"lingcode-{s}", s) for s in args.speculation.split(",") if s]
-    for peer in [p for p in args.peers.split(",") if p]:
-        started = time.perf_counter()
-        if peer in ("transformers-eager", "transformers-static"):
-            runners.append(TransformersRunner(load_checkpoint(model_path), device, engine.dtype, peer.split("-")[1]))
-        elif peer == "llama.cpp":
-            runners.append(LlamaCppRunner(model_path, torch.get_num_threads()))
-        else:
-            raise SystemExit(f"lingcode bench: unknown peer {peer!r}")
-        report.load_s[peer] = round(time.perf_counter() - started, 2)
-    return _measure(args, report, info, runners)
+        model_path = models.ensure(args.model) if args.model is None or not Path(args.model).exists() else Path(args.model)
+        device = pick_device(args.device).type
+        options = ["--model", str(model_path), "--device", device, "--kernels", args.kernels]
+        options += ["--compile"] if args.compile and speculation else []
+    python = llama_cpp_python(args.llama_cpp_python)
+    problems = [p for p in (check_peer(peer, python, model_path) for peer in peers) if p]
+    if problems:
+        print("lingcode bench: " + "\nlingcode bench: ".join(problems), file=sys.stderr)
+        return 2
+    report = Report(command="lingcode bench " + " ".join(args.argv), hardware=hardware(device, threads),
+                    commit=source_commit(), threads=threads)  # fmt: skip
+    workers: dict[str, Worker] = {}
+    try:
+        # One at a time, so that no load overlaps another; the lingcode worker first: it makes the
+        # prompts (its tokenizer and chat template) and says the engine's dtype for transformers.
+        workers["lingcode"] = Worker("lingcode", worker + ["lingcode", "--threads", str(threads)] + options, threads)
+        dtype = workers["lingcode"].ready["engine"].get("dtype", "float32")
+        for peer in peers:
+            kind = peer.removesuffix("-passive")
+            # -I: not this folder on its path (its modules are named like other packages), nor PYTHON* variables
+            argv = [python, "-I", str(Path(__file__).with_name("worker.py"))] if kind == "llama.cpp" else worker
+            argv = argv + [kind, "--threads", str(threads), "--model", str(model_path), "--device", device, "--dtype", dtype]
+            workers[peer] = Worker(peer, argv, threads, PEER_ENV.get(peer))
+        for name, w in workers.items():
+            report.workers[name] = w.ready
+            report.load_s[name] = w.ready["load_s"]
+        plan = workers["lingcode"].ask({"plan": {"workloads": workloads, "requests": args.requests,
+                                                  "max_tokens": args.max_tokens}})["requests"]  # fmt: skip
+        variants = [(f"lingcode-{s}" if s else f"sglang-{args.profile or 'default'}", workers["lingcode"], s)
+                    for s in speculation] + [(peer, workers[peer], None) for peer in peers]  # fmt: skip
+        if args.engine == "sglang":
+            report.hardware = "SGLang: " + workers["lingcode"].ready["name"]
+        _measure(args, report, plan, variants)
+    except WorkerFailed as e:
+        print(f"lingcode bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for w in workers.values():
+            w.close()
+    return 0
 
 
-def _measure(args, report: Report, info, runners: list) -> int:
+def _measure(args, report: Report, plan: list[dict], variants: list[tuple]) -> None:
     from rich.progress import Progress
 
-    report.commit = source_commit()
     results: list[Result] = []
-    workloads = [w for w in args.workload.split(",") if w]
-    plan = [(w, r) for w in workloads
-            for r in workload_requests(w, info.tokenizer, info.chat_template, args.requests, args.max_tokens)]  # fmt: skip
-    for runner in runners:  # warm-up: first calls pay for allocations, autotuning, lazy init
-        runner.run(Request(plan[0][1].input_ids, 8, True))
+    for name, worker, speculation in variants:  # warm-up: first calls pay for allocations, autotuning, lazy init
+        worker.ask({"request": {**plan[0], "max_tokens": 8, "speculation": speculation}})
+    report.load_avg["before"] = _load_avg()
     with Progress() as progress:
-        task = progress.add_task("benchmark", total=len(plan) * len(runners))
-        for workload, request in plan:
-            for runner in runners:  # alternate: every variant sees the same machine state
-                ttft, tpot, tokens, accept = runner.run(request)
-                results.append(Result(workload, runner.name, len(request.input_ids), tokens, round(ttft, 3),
-                                      round(tpot, 4) if tpot else None, accept))  # fmt: skip
+        task = progress.add_task("benchmark", total=len(plan) * len(variants))
+        for index, request in enumerate(plan):
+            first = None
+            for name, worker, speculation in variants:  # alternate: every variant sees the same machine state
+                r = worker.ask({"request": {**request, "speculation": speculation}})["result"]
+                first = r["token_ids"] if first is None else first
+                results.append(Result(request["workload"], name, len(request["input_ids"]), r["tokens"], r["ttft_ms"],
+                                      r["tpot_ms"], r["accept_length"], index, r["token_ids"] == first,
+                                      r["served"], r["token_ids"]))  # fmt: skip
                 progress.advance(task)
+    report.load_avg["after"] = _load_avg()
     report.summary = summarize(results)
     report.requests = [asdict(r) for r in results]
     print(table(report.summary))
+    print(f"threads {report.threads}; load average {report.load_avg}")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").write_text(json.dumps(asdict(report), indent=1) + "\n")
+        builds = "".join(f"- {name}: pid {w['pid']}, {w['threads']} threads, {w['versions']}"
+                         f"{', ' + w['engine']['system_info'] if 'system_info' in w['engine'] else ''}\n"
+                         for name, w in report.workers.items())  # fmt: skip
         out.with_suffix(".md").write_text(
             f"# lingcode bench, {report.date}\n\n- hardware: {report.hardware}\n- commit: {report.commit}\n"
-            f"- torch: {report.torch}\n- command: `{report.command}`\n- load s: {report.load_s}\n\n{table(report.summary)}\n"
+            f"- command: `{report.command}`\n- load average (1 min): {report.load_avg}\n- load s: {report.load_s}\n"
+            f"- each engine in a process of its own:\n{builds}\n{table(report.summary)}\n"
         )
         if plot(results, out.with_suffix(".png")):
             print(f"plot: {out.with_suffix('.png')}")
         print(f"results: {out.with_suffix('.json')}")
-    return 0
+
+
+def _load_avg() -> float | None:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return None
 
 
 def add_arguments(parser) -> None:
@@ -383,12 +398,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device for the local engine")
     parser.add_argument("--workload", default="chat,code-edit", help=f"comma-separated: {', '.join(WORKLOADS)}")
     parser.add_argument("--speculation", default="off,ngram",
-                        help="comma-separated speculation modes to compare: off, ngram, early-exit:L")  # fmt: skip
-    parser.add_argument("--peers", default="", help="comma-separated: transformers-eager, transformers-static, llama.cpp")
+                        help="comma-separated speculation modes to compare: off, ngram, early-exit:L "
+                             "(empty: peers only)")  # fmt: skip
+    parser.add_argument("--peers", default="", help=f"comma-separated, each in a process of its own: {', '.join(PEERS)}")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for every engine (default: torch's default here, one per core)")
+    parser.add_argument("--llama-cpp-python", metavar="PATH",
+                        help="the Python that has llama-cpp-python, for --peers llama.cpp (default: "
+                             "$LINGCODE_LLAMA_CPP_PYTHON, else .venv-llama-cpp of this checkout, else this one)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (random/chat: exactly)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU: the captured graph; CPU: the decode/verify forward)")
     parser.add_argument("--kernels", choices=["auto", "torch", "triton"], default="auto",
                         help="the captured step's kernels: torch ops or hand-written Triton (GPU); "
                              "auto: Triton on a GPU unless --compile")
-    parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-2026-11-29)")
+    parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-llama-cpp-2026-12-01)")

@@ -1,17 +1,19 @@
-"""`lingcode bench lsp`: keystroke-to-suggestion latency of `lingcode lsp`, typing through a real file.
+"""`lingcode bench lsp`: keystroke-to-suggestion latency of `lingcode lsp`, typing through real files.
 
-It opens a Python file of this repository in a real `lingcode lsp` process (which starts a
-daemon with the options given; a daemon already running is refused unless --reuse-daemon, as
-its options may not be the ones asked for, and the one started is stopped at the end) with a
-stretch of it cut out, then types that stretch back one character
-at a time: per keystroke, a didChange and a textDocument/inlineCompletion request, waiting for
-each answer (a typist who waits for every suggestion). Per keystroke it records the time from
-sending the keystroke to the answer, and from `lingcode/stats` whether the typed-ahead cache or
-the engine answered and how many prompt tokens the engine prefilled.
+For each file given (default: lingcode/pipeline/scheduler.py of this installation; bench/inputs/lsp/
+has files in Go, JavaScript, Rust and Python that are not lingcode's own), it opens the file in a
+fresh `lingcode lsp` process with a stretch of it cut out, then types that stretch back one
+character at a time: per keystroke, a didChange and a textDocument/inlineCompletion request,
+waiting for each answer (a typist who waits for every suggestion). Per keystroke it records the
+time from sending the keystroke to the answer, and from `lingcode/stats` whether the typed-ahead
+cache or the engine answered and how many prompt tokens the engine prefilled. The first LSP
+starts a daemon with the options given and the others use it (a daemon already running is
+refused unless --reuse-daemon, as its options may not be the ones asked for); the one started
+is stopped at the end.
 
-The first request (a cold prompt, prefilled whole) is reported apart. This is a measurement, not
-a test: numbers depend on the machine and on what else runs on it, so the load average and the
-CPU are recorded with them.
+Each file's first request (a cold prompt, prefilled whole) is reported apart. The summary over
+all files is checked against the goals (GOALS). This is a measurement, not a test: numbers depend
+on the machine and on what else runs on it, so the load average and the CPU are recorded with them.
 """
 
 from __future__ import annotations
@@ -26,20 +28,28 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-GOALS = {"fresh_p50_ms": 150.0, "typed_ahead_p50_ms": 5.0}
+from lingcode.bench import source_commit
+
+# On 2 CPU cores with default options (issue 21): a fresh suggestion within 60 ms at the median and
+# 150 ms at p95, a typed-ahead hit within 5 ms.
+GOALS = {"fresh_p50_ms": 60.0, "fresh_p95_ms": 150.0, "typed_ahead_p50_ms": 5.0}
+LANGUAGES = {".py": "python", ".go": "go", ".js": "javascript", ".mjs": "javascript", ".ts": "typescript",
+             ".rs": "rust", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".java": "java", ".rb": "ruby",
+             ".sh": "shellscript", ".lua": "lua", ".md": "markdown"}  # fmt: skip
 
 
 def main(args) -> int:
     import lingcode
 
-    path = (args.file or Path(lingcode.__file__).parent / "pipeline" / "scheduler.py").resolve()
-    if not path.is_file():
-        print(f"lingcode bench lsp: {path} is not a file", file=sys.stderr)
-        return 2
-    lines = len(path.read_text().splitlines())
-    if args.start_line is not None and not 0 <= args.start_line < lines:
-        print(f"lingcode bench lsp: --start-line must be in [0, {lines}) for {path}", file=sys.stderr)
-        return 2
+    paths = [p.resolve() for p in (args.file or [Path(lingcode.__file__).parent / "pipeline" / "scheduler.py"])]
+    for path in paths:
+        if not path.is_file():
+            print(f"lingcode bench lsp: {path} is not a file", file=sys.stderr)
+            return 2
+        lines = len(path.read_text().splitlines())
+        if args.start_line is not None and not 0 <= args.start_line < lines:
+            print(f"lingcode bench lsp: --start-line must be in [0, {lines}) for {path}", file=sys.stderr)
+            return 2
     from lingcode.client import read_daemon_file
 
     running = read_daemon_file()
@@ -48,13 +58,26 @@ def main(args) -> int:
               "the LSP would use it whatever its options. Stop it, or pass --reuse-daemon to measure it.",
               file=sys.stderr)  # fmt: skip
         return 2
+    load_before = os.getloadavg()
+    files = []
     try:
-        result = asyncio.run(replay(args, path))
+        for path in paths:  # in turn, each in an LSP of its own: no context ring or cache from another file
+            files.append(asyncio.run(replay(args, path)))
     finally:
         started = read_daemon_file()
         if running is None and started is not None:  # the daemon the LSP started for this run
             stop_daemon(started.pid)
-    result["daemon_started_by_bench"] = running is None
+    keystrokes = [dict(k, file=f["file"]) for f in files for k in f.pop("keystrokes")]
+    summary = summarize(keystrokes)
+    result = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": source_commit(), "settings": files[0]["settings"], "daemon_args": files[0]["daemon_args"],
+        "daemon": files[-1]["daemon"], "daemon_started_by_bench": running is None,
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "load_before": [round(x, 2) for x in load_before],
+                    "load_after": [round(x, 2) for x in os.getloadavg()]},
+        "goals": check_goals(summary), "summary": summary, "files": files, "keystrokes": keystrokes,
+    }  # fmt: skip
     table = render(result)
     print(table)
     if args.out is not None:
@@ -63,6 +86,14 @@ def main(args) -> int:
         (args.out / "lsp.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"\nwrote {args.out / 'lsp.md'} and {args.out / 'lsp.json'}", file=sys.stderr)
     return 0
+
+
+def check_goals(summary: dict) -> dict:
+    """Each goal: the measured value, the target, and whether it was met (None: nothing measured)."""
+    measured = {"fresh_p50_ms": summary["fresh_ms"]["p50"], "fresh_p95_ms": summary["fresh_ms"]["p95"],
+                "typed_ahead_p50_ms": summary["typed_ahead_ms"]["p50"]}  # fmt: skip
+    return {name: {"value": measured[name], "goal": goal, "met": None if measured[name] is None else measured[name] <= goal}
+            for name, goal in GOALS.items()}  # fmt: skip
 
 
 async def replay(args, path: Path) -> dict:
@@ -99,7 +130,8 @@ async def replay(args, path: Path) -> dict:
         await asyncio.sleep(0.2)
         stats = await client.protocol.send_request_async("lingcode/stats", None)
     uri = path.as_uri()
-    client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(uri, "python", 1, document)))
+    language = LANGUAGES.get(path.suffix.lower(), "plaintext")
+    client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(uri, language, 1, document)))
 
     async def ask(position) -> tuple[float, str, dict]:
         context = types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)
@@ -115,7 +147,6 @@ async def replay(args, path: Path) -> dict:
 
     round_trips: list[float] = []  # a request that does no work: what JSON-RPC over pipes costs here
 
-    load_before = os.getloadavg()
     line, column, version = start_line, 0, 1
     ms, suggestion, stats = await ask(types.Position(line, column))
     cold = {"ms": round(ms, 3), **_figures(stats.last)}
@@ -137,18 +168,14 @@ async def replay(args, path: Path) -> dict:
         if source == "engine":
             record.update(_figures(stats.last))
         records.append(record)
-    load_after = os.getloadavg()
     daemon = stats.daemon
     await client.shutdown_async(None)
     client.exit(None)
     await client.stop()
     return {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "file": str(path.relative_to(_root(path))) if path.is_relative_to(_root(path)) else str(path),
-        "start_line": start_line, "chars": len(typed), "settings": options, "daemon_args": serve_args,
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after]},
-        "daemon": None if daemon is None else {"url": daemon.url, "model": daemon.model},
+        "language": language, "start_line": start_line, "chars": len(typed), "settings": options,
+        "daemon_args": serve_args, "daemon": None if daemon is None else {"url": daemon.url, "model": daemon.model},
         "cold": cold, "keystrokes": records, "summary": summarize(records),
         "lsp_internal_ms": {"typed_ahead": stats.cache_ms._asdict(), "engine": stats.engine_ms._asdict()},
         "stats_round_trip_ms": {"p50": _pct(round_trips, 0.5), "p95": _pct(round_trips, 0.95)},
@@ -237,46 +264,65 @@ def summarize(records: list[dict]) -> dict:
 
 
 def render(result: dict) -> str:
-    s, m, cold = result["summary"], result["machine"], result["cold"]
+    s, m = result["summary"], result["machine"]
+    files = result["files"]
 
-    def goal(value, target):
-        return "" if value is None else (" (goal <= %g ms: %s)" % (target, "met" if value <= target else "NOT met"))
+    def goal(name: str) -> str:
+        g = result["goals"][name]
+        state = "not measured" if g["met"] is None else "met" if g["met"] else "NOT met"
+        return f"{g['value']} ms (goal <= {g['goal']:g} ms: {state})"
 
+    def pair(d: dict) -> str:
+        return f"{d['p50']} / {d['p95']}"
+
+    first = files[0]
+    where = (f"{first['chars']} characters of {first['file']} from line {first['start_line']}" if len(files) == 1
+             else f"{len(files)} files, {sum(f['chars'] for f in files)} characters")  # fmt: skip
     rows = [
-        ("keystrokes typed", f"{s['keystrokes']} characters of {result['file']} from line {result['start_line']}"),
+        ("keystrokes typed", f"{s['keystrokes']} ({where})"),
         ("typed-ahead hits", f"{s['typed_ahead_hits']} ({100 * (s['typed_ahead_hit_rate'] or 0):.1f} %)"),
         ("engine calls", str(s["engine_calls"])),
-        ("keystroke -> suggestion, fresh (engine) p50 / p95",
-         f"{s['fresh_ms']['p50']} / {s['fresh_ms']['p95']} ms{goal(s['fresh_ms']['p50'], GOALS['fresh_p50_ms'])}"),
-        ("keystroke -> suggestion, typed-ahead hit p50 / p95",
-         f"{s['typed_ahead_ms']['p50']} / {s['typed_ahead_ms']['p95']} ms"
-         f"{goal(s['typed_ahead_ms']['p50'], GOALS['typed_ahead_p50_ms'])}"),
-        ("keystroke -> suggestion, all keystrokes p50 / p95", f"{s['all_ms']['p50']} / {s['all_ms']['p95']} ms"),
-        ("daemon time to first token, fresh p50 / p95", f"{s['ttft_ms']['p50']} / {s['ttft_ms']['p95']} ms"),
-        ("daemon decode time per generated token p50 / p95",
-         f"{s['decode_ms_per_token']['p50']} / {s['decode_ms_per_token']['p95']} ms"),
-        ("typed-ahead lookup inside the LSP p50 / p95",
-         f"{result['lsp_internal_ms']['typed_ahead']['p50']} / {result['lsp_internal_ms']['typed_ahead']['p95']} ms"),
-        ("round trip of a request that does no work (`lingcode/stats`) p50 / p95",
-         f"{result['stats_round_trip_ms']['p50']} / {result['stats_round_trip_ms']['p95']} ms"),
+        ("keystroke -> suggestion, fresh (engine) p50", goal("fresh_p50_ms")),
+        ("keystroke -> suggestion, fresh (engine) p95", goal("fresh_p95_ms")),
+        ("keystroke -> suggestion, typed-ahead hit p50", goal("typed_ahead_p50_ms")),
+        ("keystroke -> suggestion, typed-ahead hit p95", f"{s['typed_ahead_ms']['p95']} ms"),
+        ("keystroke -> suggestion, all keystrokes p50 / p95", f"{pair(s['all_ms'])} ms"),
+        ("daemon time to first token, fresh p50 / p95", f"{pair(s['ttft_ms'])} ms"),
+        ("daemon decode time per generated token p50 / p95", f"{pair(s['decode_ms_per_token'])} ms"),
         ("tokens prefilled per engine call p50 / p95 / mean",
-         f"{s['prefilled_tokens']['p50']} / {s['prefilled_tokens']['p95']} / {s['prefilled_tokens']['mean']}"),
+         f"{pair(s['prefilled_tokens'])} / {s['prefilled_tokens']['mean']}"),
         ("prompt tokens per engine call (mean)", str(s["prompt_tokens_mean"])),
         ("answers with a suggestion", f"{100 * (s['non_empty_rate'] or 0):.1f} %"),
         ("why suggestions ended", ", ".join(f"{k}: {v}" for k, v in sorted(s["cuts"].items()))),
-        ("first request (cold prompt)", f"{cold['ms']:.0f} ms, {cold.get('prefilled_tokens')} tokens prefilled"),
     ]  # fmt: skip
+    per_file = [
+        f"| {f['file']} | {f['language']} | {f['start_line']} | {f['summary']['keystrokes']} | "
+        f"{f['summary']['typed_ahead_hits']} | {f['summary']['engine_calls']} | {pair(f['summary']['fresh_ms'])} | "
+        f"{pair(f['summary']['typed_ahead_ms'])} | {f['summary']['prefilled_tokens']['mean']} | "
+        f"{f['cold']['ms']:.0f} ms, {f['cold'].get('prefilled_tokens')} tokens | "
+        f"{f['lsp_internal_ms']['typed_ahead']['p50']} | {f['stats_round_trip_ms']['p50']} |"
+        for f in files
+    ]
     daemon = result["daemon"] or {}
     lines = [
-        f"# lingcode bench lsp ({result['when']})",
+        f"# lingcode bench lsp ({result['when']}, commit {result.get('commit') or '?'})",
         "",
         f"Model {daemon.get('model', '?')}; settings {result['settings'] or 'defaults'}; daemon options "
         f"{' '.join(result.get('daemon_args') or []) or 'defaults'}. Machine: {m['cpu']}, "
         f"{m['cores']} cores, Python {m['python']}; load average {m['load_before'][0]} before, "
         f"{m['load_after'][0]} after.",
         "",
-        "| measure | value |",
+        "| measure (all files) | value |",
         "|---|---|",
         *(f"| {name} | {value} |" for name, value in rows),
+        "",
+        "Per file (ms; fresh and typed-ahead as p50 / p95; the first request of each file, a cold prompt, "
+        "is not in the figures; LSP-internal: the typed-ahead lookup inside the LSP, p50; round trip: a "
+        "`lingcode/stats` request, which does no work, p50):",
+        "",
+        "| file | language | from line | keystrokes | typed-ahead hits | engine calls | fresh | typed-ahead | "
+        "prefilled tokens (mean) | first request | LSP-internal | round trip |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *per_file,
     ]
     return "\n".join(lines) + "\n"
