@@ -13,8 +13,16 @@ import re
 from lingcode.agent.tool_parsers import JSON_STYLE, Event, Tool, ToolParser, _text, closed, lark_literal
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=[^\s"])')
-_HELD = re.compile(r"\s*(\}\s*)?$")  # could still be the end of the outer object
 _OUTER_END = re.compile(r"\s*\}\s*$")
+
+
+def _held_from(raw: str) -> int:
+    """Where the tail that could still be the outer object's end begins: whitespace, an optional `}`,
+    whitespace. Found from the end, so each chunk costs the tail, not the arguments so far."""
+    end = len(raw.rstrip())
+    if end and raw[end - 1] == "}":
+        end = len(raw[: end - 1].rstrip())
+    return end
 
 
 class HermesParser(ToolParser):
@@ -34,7 +42,7 @@ class HermesParser(ToolParser):
             events.append(self._start(json.loads(f'"{head.group(1)}"')))
             self.args_at, self.sent = head.end(), 0
         raw = self.body[self.args_at :]
-        safe = _HELD.search(raw).start()
+        safe = _held_from(raw)
         if safe > self.sent:
             events += self._args(raw[self.sent : safe])
             self.sent = safe
