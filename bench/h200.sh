@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# One whole H200 measurement in one invocation (< 10 minutes): the GPU tests of the embedded
-# engine, `lingcode bench` with speculation modes and transformers side by side (the torch step,
-# then the Triton step), and the 1,000-turn soak.
+# One H200 measurement in one invocation (< 10 minutes): the GPU tests of the embedded engine, what
+# the daemon adds to the engine (`lingcode bench daemon`, local engine and the SGLang adapter
+# against its stand-in), and decode speed with and without drafts on each GPU kernel set
+# (`lingcode bench`: the Triton step, the default, and the torch step), whose "same tokens" column
+# is the lossless check: greedy drafts must give plain decoding's tokens.
 # Run from the repo root on the GPU machine: bench/h200.sh OUTDIR
-# Needs: the default model's GGUF at $LINGCODE_MODEL, and these wheels importable (the machine
-# has torch, transformers, tokenizers, numpy, jinja2, rich, matplotlib): gguf, platformdirs,
-# pytest>=8.2 and pytest-asyncio, xgrammar (the constrained-decoding test), and the daemon's own
-# dependencies for the soak (pyproject.toml: fastapi, uvicorn, httpx, pygls, prometheus-client, ...).
-# With no registry on the machine, carry them as wheels: pip install --no-index --target DIR *.whl.
+# Needs: the default model's GGUF at $LINGCODE_MODEL, `lingcode` importable (the package's folders:
+# lingcode/, with server/, lsp/, tui/ reachable as lingcode.server etc.), and pyproject.toml's
+# dependencies that the machine lacks, carried as wheels (pip install --no-index --target DIR *.whl):
+# gguf, platformdirs, fastapi, starlette, uvicorn, pydantic, llguidance, pytest-asyncio, ...
+# $LINGCODE_COMMIT names the commit measured (the machine's copy has no history).
 set -uo pipefail
 out=${1:-bench/results}
 mkdir -p "$out"
@@ -15,22 +17,25 @@ export LINGCODE_HOME=${LINGCODE_HOME:-/tmp/lingcode-home}
 mkdir -p "$LINGCODE_HOME/cache/models"
 ln -sf "$LINGCODE_MODEL" "$LINGCODE_HOME/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 export PYTHONUNBUFFERED=1
+stamp=$(date -u +%Y-%m-%d)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$out/gpu.txt"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$out/gpu.txt"
 
 echo "== GPU tests"
-python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu-tests.txt"
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -15 | tee "$out/gpu-tests.txt"
 
-echo "== bench, torch step"
-stamp=$(date -u +%Y-%m-%d)
-python3 -m lingcode bench --device cuda --kernels torch --workload random,chat,code-edit --speculation off,ngram \
-  --peers transformers-eager,transformers-static --requests 3 --max-tokens 256 \
-  --out "$out/h200-$stamp" 2>&1 | grep -v '━' | tee "$out/bench.txt"
+echo "== the daemon's overhead (local engine, default kernels; then with the standard asyncio loop)"
+daemon="python3 -m lingcode bench daemon --device cuda --workload chat,code-edit --requests 3 --max-tokens 512"
+timeout 200 $daemon --speculation off,ngram --out "$out/daemon-h200-$stamp" > "$out/daemon-h200.log" 2>&1
+timeout 150 $daemon --speculation ngram --serve-env LINGCODE_EVENT_LOOP=asyncio \
+  --out "$out/daemon-h200-asyncio-$stamp" > "$out/daemon-h200-asyncio.log" 2>&1
+timeout 100 python3 -m lingcode bench daemon --engine sglang --workload chat,code-edit --requests 3 --max-tokens 512 \
+  --out "$out/daemon-sglang-h200host-$stamp" > "$out/daemon-sglang.log" 2>&1
 
-echo "== bench, Triton step (the default on a GPU)"
-python3 -m lingcode bench --device cuda --kernels triton --workload random,chat,code-edit --speculation off,ngram \
-  --peers transformers-static --requests 3 --max-tokens 256 \
-  --out "$out/h200-$stamp-triton-bench" 2>&1 | grep -v '━' | tee "$out/bench-triton.txt"
-
-echo "== soak"
-python3 -m lingcode bench soak --device cuda --turns 1000 --out "$out/soak-h200-$stamp" 2>&1 | tail -12
+echo "== decode speed and losslessness per kernel set"
+for kernels in triton torch; do
+  timeout 150 python3 -m lingcode bench --device cuda --kernels $kernels --workload chat,code-edit \
+    --speculation off,ngram --requests 3 --max-tokens 256 --out "$out/h200-$kernels-$stamp" 2>&1 \
+    | grep -v '━' > "$out/bench-$kernels.txt"
+done
+for f in "$out"/daemon-*"$stamp".md "$out"/h200-*"$stamp".md; do echo "-- $f"; sed -n '/^|/p' "$f" | head -12; done

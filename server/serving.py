@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -49,10 +50,9 @@ from lingcode.pipeline import metrics
 from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_constraint, run_turn
-from lingcode.server.validation import read_json
 from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
 from lingcode.server.openapi import request_body
-from lingcode.server.validation import StrictModel, parse
+from lingcode.server.validation import StrictModel, parse, read_json
 from lingcode.text.chat_template import TemplateError
 from lingcode.text.families import Family, family_for
 
@@ -76,8 +76,6 @@ def named_sse(name: str, payload: dict) -> str:
 
 
 def _json(payload: dict) -> str:
-    import json
-
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 

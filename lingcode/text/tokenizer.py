@@ -39,6 +39,7 @@ def _pre_tokenizer(pre: str):
     raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}")
 
 
+RELEASE_GIL_CHARS = 16_384  # longer texts are encoded with the GIL released
 PIECE_CACHE_CHARS = 4_000_000  # text kept by encode()'s cache of pieces between added tokens
 
 
@@ -89,7 +90,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         if self._split is None:
-            return self.hf.encode(text, add_special_tokens=False).ids
+            return self._encode(text)
         ids: list[int] = []
         for i, piece in enumerate(self._split.split(text)):
             if i % 2:  # an added token
@@ -98,12 +99,19 @@ class Tokenizer:
                 ids += self._piece(piece)
         return ids
 
+    def _encode(self, text: str) -> list[int]:
+        # tokenizers' encode() holds the GIL for the whole text, encode_batch() lets it go: a long text
+        # (a pasted file) encoded on a thread must not stall the daemon's event loop meanwhile.
+        if len(text) < RELEASE_GIL_CHARS:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        return self.hf.encode_batch([text], add_special_tokens=False)[0].ids
+
     def _piece(self, text: str) -> list[int]:
         cached = self._pieces.get(text)
         if cached is not None:
             self._pieces.move_to_end(text)
             return cached
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+        ids = self._encode(text)
         if len(text) >= 64:  # short pieces cost less to encode than to remember
             self._pieces[text] = ids
             self._piece_chars += len(text)
