@@ -206,3 +206,36 @@ def test_auto_kernels_are_triton_on_a_gpu_and_torch_elsewhere(engine):
     assert pick_kernels("auto", cpu, cuda_graphs=True, compile=False) == "torch"
     assert pick_kernels("torch", cuda, cuda_graphs=True, compile=False) == "torch"
     assert engine.info.extra["kernels"] == "torch"  # this session's CPU engine
+
+
+async def test_chunk_channel_hands_over_what_piled_up_as_one_chunk():
+    """The engine thread's chunks reach the event loop merged: the loop is woken for the first
+    chunk, the last one and an error at once, and otherwise at most once per interval."""
+    import threading
+
+    from lingcode.engine import ChunkChannel, EngineError, TokenChunk
+
+    loop = asyncio.get_running_loop()
+    channel = ChunkChannel(loop, interval_s=3600)  # no wake-up by time in this test
+    wakes = []
+    real_wake = channel._wake
+    channel._wake = lambda: (wakes.append(1), real_wake())[1]
+
+    def engine_thread():
+        for i in range(5):
+            channel.put(TokenChunk([i], None, 3, 1))
+        channel.put(TokenChunk([5], "stop", 3, 1, 2.5))
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join()
+    merged = await channel.get()
+    assert merged.token_ids == [0, 1, 2, 3, 4, 5] and merged.finish_reason == "stop"
+    assert (merged.prompt_tokens, merged.cached_tokens, merged.spec_accept_length) == (3, 1, 2.5)
+    assert len(wakes) <= 2  # the first chunk and the last: not one per step
+
+    failing = ChunkChannel(loop)
+    threading.Thread(target=lambda: (failing.put(TokenChunk([7])), failing.put(EngineError("boom")))).start()
+    assert (await failing.get()).token_ids == [7]  # what came before the error first
+    with pytest.raises(EngineError, match="boom"):
+        await failing.get()
