@@ -90,20 +90,25 @@ def row_exact_kv_len(end: int, max_len: int) -> int:
 def row_exact_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """Attention whose result for a query row does not depend on the other rows fed with it.
 
-    torch's CPU SDPA kernels give a query a slightly different result when it comes with other
-    queries or over a different number of keys, and in bf16 matmuls that difference grows into a
-    different token: a verified draft would not be exactly what plain decoding picks. Here every
-    row is a batched matmul over the same key count (a bucket, the rest masked), which gives the
-    same numbers for a row alone or among up to eight others (tested), so speculation stays lossless
-    as long as a verify step does not cross a bucket boundary (the engine cuts drafts to fit).
+    torch's CPU kernels (SDPA, and a batched matmul over several tokens' rows) give a query slightly
+    different numbers when it comes with other queries or over a different number of keys, and over
+    many layers that difference grows into a different token: a verified draft would not be exactly
+    what plain decoding picks. Here each token's rows are one batched matmul of the same shape
+    (its group of heads per KV head) over the same key count (a bucket, the rest masked), whatever
+    the step's width, so the same kernel computes them; speculation stays lossless as long as a
+    verify step does not cross a bucket boundary (the CPU's torch step cuts drafts to fit).
     q [1, H, T, D]; k, v [1, KV, L, D]; mask [T, L] (True = visible).
     """
     _, n_heads, t, d = q.shape
     n_kv = k.shape[1]
-    q = q[0].reshape(n_kv, n_heads // n_kv * t, d)  # head h uses kv head h // (H / KV): rows (group, t)
-    scores = torch.bmm(q, k[0].transpose(1, 2)) * d**-0.5
-    scores = scores.masked_fill(~mask.repeat(n_heads // n_kv, 1)[None], float("-inf"))
-    return torch.bmm(torch.softmax(scores, -1), v[0]).view(1, n_heads, t, d)
+    keys = k[0].transpose(1, 2)
+    rows = []
+    for i in range(t):
+        qi = q[0, :, i].reshape(n_kv, n_heads // n_kv, d)  # head h uses kv head h // (H / KV)
+        scores = torch.bmm(qi, keys) * d**-0.5
+        scores = scores.masked_fill(~mask[i][None, None], float("-inf"))
+        rows.append(torch.bmm(torch.softmax(scores, -1), v[0]).view(n_heads, d))
+    return torch.stack(rows, 1)[None]
 
 
 def rotate_half(x: Tensor) -> Tensor:
