@@ -308,8 +308,9 @@ def run(args) -> int:
     started = time.perf_counter()
     engine = load_engine(model_path, device=args.device, compile=args.compile, kernels=args.kernels)
     report.load_s["lingcode"] = round(time.perf_counter() - started, 2)
-    if engine.graphs is not None:
-        report.load_s["cuda_graph_capture"] = round(engine.graphs.capture_s, 2)
+    runner = getattr(engine.step, "runner", None)  # captured CUDA graphs (steps.GraphStep)
+    if runner is not None:
+        report.load_s["cuda_graph_capture"] = round(runner.capture_s, 2)
     info = engine.info
     runners = [EngineRunner(engine, f"lingcode-{s}", s) for s in args.speculation.split(",") if s]
     for peer in [p for p in args.peers.split(",") if p]:
@@ -372,8 +373,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--peers", default="", help="comma-separated: transformers-eager, transformers-static, llama.cpp")
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (random/chat: exactly)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU: the captured graph; CPU: the decode/verify forward)")
-    parser.add_argument("--kernels", choices=["auto", "torch", "triton"], default="auto",
-                        help="the captured step's kernels: torch ops or hand-written Triton (GPU); "
-                             "auto: Triton on a GPU unless --compile")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the torch step (GPU: the captured graph; CPU: the decode/verify forward)")
+    parser.add_argument("--kernels", choices=["auto", "torch", "triton", "native"], default="auto",
+                        help="the engine's forward pass: torch ops, hand-written Triton (GPU) or native (CPU); "
+                             "auto: Triton on a GPU, native on the CPU, unless --compile")
     parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-2026-11-29)")

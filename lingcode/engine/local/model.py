@@ -14,15 +14,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lingcode.engine.local import cpu_attention
+from lingcode.engine.local import cpu_native
 from lingcode.engine.local.quantized import MAX_QUANTIZED_ROWS, CpuLinear, Q4Weight
 from lingcode.engine.local.weights import ModelConfig
 
 # Eager GPU forwards (prefill, the early-exit draft) leave out cuDNN's attention: it builds a graph
 # per input shape and keeps it for good (a thread-local cache with no limit), and eager shapes
-# change with every prompt length and position. On the H200 that grew the daemon's host memory
-# ~1.9 MB per new shape (bench/cuda_shape_caches.py; bench/results/soak-h200-*). Captured steps
-# (forward_static) keep cuDNN: their shapes are fixed at load, so its cache stays as it was.
+# change with every prompt length and position: the daemon's host memory grew with every new
+# shape (docs/engine-notes.md). Captured steps (forward_static) keep cuDNN: their shapes are fixed
+# at load, so its cache stays as it was.
 EAGER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -42,17 +42,12 @@ class KVCache(nn.Module):
     Both are [1, KV, max_len, D] to every reader. With transposed_keys (the CPU) the keys are
     stored position-last, [1, KV, D, max_len], and `k` is a transposed view of that: the score
     matmul q @ k^T then reads k^T as a plain row-major matrix, where the position-first layout made
-    MKL copy (pack) the keys on every step: `perf record` of the compiled decode step at context
-    1000 on 2 cores had 9 % of its samples in that copy (mkl_blas_avx512_sgemm_scopy_right48_ea),
-    none with the keys position-last. The logits are the same bit for bit; the step ~3 % faster
-    in one side-by-side run (14.2 vs 14.7 ms), within this machine's drift in another
-    (bench/cpu_key_layout.py, bench/results/cpu-key-layout-2026-11-30.txt). Position-last keys
-    are stored for a multiple of 16 positions: cpu_attention reads them 16 at a time.
+    MKL copy (pack) the keys on every step. Position-last keys are stored for a multiple of 16
+    positions: cpu_attention reads them 16 at a time.
 
-    The CPU's cache is f16 (model.kv_dtype) where cpu_attention builds: half the bytes a step
-    reads. f16, not bf16: its 11-bit significand keeps the logits nearer the f32 cache's (largest
-    difference 0.27 vs 0.46 over a 27-wide span, verify step at context 1000), and AVX-512 converts
-    it in one instruction (bench/cpu_attention.py, bench/results/cpu-attention-2026-11-30.txt).
+    The CPU's cache is f16 (model.kv_dtype) where lingcode's native code builds: half the bytes a
+    step reads. f16, not bf16: its 11-bit significand keeps the logits nearer the f32 cache's, and
+    AVX-512 converts it in one instruction. (Measurements: docs/engine-notes.md.)
     """
 
     def __init__(self, max_len: int, n_kv_heads: int, head_dim: int, dtype, device, transposed_keys: bool = False):
@@ -137,7 +132,7 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         k, v = self.kv_cache.update(where, k, v, kv_len)
         if k.dtype != q.dtype and t <= MAX_QUANTIZED_ROWS:  # the CPU's f16 cache: decode and verify steps
-            y = cpu_attention.decode_attention(q, self.kv_cache.k, self.kv_cache.v, where)
+            y = cpu_native.decode_attention(q, self.kv_cache.k, self.kv_cache.v, where)
         else:
             k, v = k.to(q.dtype), v.to(q.dtype)  # a CPU prefill over the f16 cache computes in f32
             if self.row_exact and mask is not None and mask.shape[-1] == kv_len:
@@ -219,7 +214,7 @@ class Transformer(nn.Module):
             layer.attn.row_exact = True
         self.output = CpuLinear(self.output.weight, q4.get("output", []))
         self.row_exact_rows = MAX_QUANTIZED_ROWS
-        if cpu_attention.load():  # half the cache's bytes per step; else f32 and row_exact_attention
+        if cpu_native.load() is not None:  # half the cache's bytes per step; else f32 and row_exact_attention
             self.kv_dtype = torch.float16
 
     def setup_cache(self, max_len: int, transposed_keys: bool | None = None) -> None:
