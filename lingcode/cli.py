@@ -19,6 +19,7 @@ from lingcode import __version__, models, paths
 from lingcode.engine import EngineStartError
 
 EXIT_USAGE = 2
+DOCTOR_WIDTH = 100  # fits a bug report, a terminal, a narrow editor pane
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -44,6 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         kernels=args.kernels,
         compile=args.compile,
+        speculation=args.speculation,
         max_queue=args.max_queue,
         log_level=args.log_level,
         session_idle_s=args.session_idle,
@@ -70,10 +72,15 @@ def cmd_sglang_args(args: argparse.Namespace) -> int:
 
 
 def cmd_lsp(args: argparse.Namespace) -> int:
-    """The language server on stdin/stdout; the serve options apply when it has to start a daemon."""
+    """The language server on stdin/stdout; the serve options apply when it has to start a daemon.
+    `initialize` is answered before pygls is imported (lsp/early.py): that import alone is ~0.3 s."""
+    from lingcode.lsp.early import answer_initialize
+
+    first = answer_initialize(sys.stdin.buffer, sys.stdout.buffer)
     from lingcode.lsp.server import main as lsp_main
 
-    return lsp_main(serve_options(args, ("engine", "model", "device", "port")), auto_start=not args.no_start)
+    options = serve_options(args, ("engine", "model", "device", "port"))
+    return lsp_main(options, auto_start=not args.no_start, first=first)
 
 
 def serve_options(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
@@ -99,11 +106,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_bench_agent(args: argparse.Namespace) -> int:
     from lingcode.bench import agent
-    from lingcode.client import APIError, DaemonError
+    from lingcode.client import ErrorResponse, DaemonError
 
     try:
         return agent.main(args)
-    except (DaemonError, APIError) as e:
+    except (DaemonError, ErrorResponse) as e:
         print(f"lingcode bench agent: {e}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -134,14 +141,34 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Print what a bug report needs. Exit 1 if something that `serve` needs is missing."""
+    """Print what a bug report needs, within 100 columns, each line as soon as it is known (torch,
+    slow to import, last). Exit 1 if something that `serve` needs is missing."""
     ok = True
 
     def line(key: str, value: object) -> None:
-        print(f"{key + ':':<16}{value}")
+        print(f"{key + ':':<16}{value}", flush=True)
 
     line("lingcode", f"{__version__} ({Path(__file__).parent})")
     line("python", f"{platform.python_version()} ({sys.executable})")
+    home = os.environ.get("LINGCODE_HOME")
+    line("LINGCODE_HOME", home or "(not set)")
+    for name in ("config", "state", "cache", "data", "models"):
+        line(f"{name} dir", getattr(paths, f"{name}_dir")())
+    line("kernels dir", paths.native_dir())
+    line("prepared dir", paths.prepared_dir())
+    line("token file", f"{paths.token_file().name} in the config dir ({'present' if paths.token_file().exists() else 'not created yet'})")
+
+    entry = models.lookup(models.DEFAULT_MODEL)
+    if not entry.is_pulled():
+        ok = False
+        line("default model", f"{entry.name}: NOT PULLED (run `lingcode pull`)")
+    elif models.sha256_file(entry.path) != entry.sha256:
+        ok = False
+        line("default model", f"{entry.name}: SHA256 MISMATCH (delete it, then `lingcode pull` again)")
+    else:
+        line("default model", f"{entry.name}: pulled, sha256 ok (in the models dir)")
+
+    line("daemon", _daemon_status())
     try:
         import torch
     except ImportError as e:
@@ -151,31 +178,35 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("torch", torch.__version__)
         line("devices", ", ".join(_devices(torch)))
 
-    home = os.environ.get("LINGCODE_HOME")
-    line("LINGCODE_HOME", home or "(not set)")
-    for name in ("config", "state", "cache", "data", "models"):
-        line(f"{name} dir", getattr(paths, f"{name}_dir")())
-    line("token file", f"{paths.token_file()} ({'present' if paths.token_file().exists() else 'not created yet'})")
-
-    entry = models.lookup(models.DEFAULT_MODEL)
-    if not entry.is_pulled():
-        ok = False
-        line("default model", f"{entry.name}: NOT PULLED (run `lingcode pull`)")
-    elif models.sha256_file(entry.path) != entry.sha256:
-        ok = False
-        line("default model", f"{entry.name}: SHA256 MISMATCH at {entry.path} (run `lingcode pull` again after deleting it)")
-    else:
-        line("default model", f"{entry.name}: pulled, sha256 ok ({entry.path})")
-
-    line("daemon", _daemon_status())
-
     # The SGLang engine: informational (serve's default engine is the local one), exit code unchanged.
     from rich.console import Console
 
     from lingcode.engine.sglang import doctor as sglang_doctor
 
-    sglang_doctor.print_report(Console(width=None if sys.stdout.isatty() else 200), args.profile)
+    sglang_doctor.print_report(Console(width=DOCTOR_WIDTH), args.profile)
     return 0 if ok else 1
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Shell exports that point clients at the running daemon (read from daemon.json): for
+    `eval "$(lingcode env)"`. The token is read from its file by the shell, never printed."""
+    import shlex
+
+    daemon_file = paths.daemon_file()
+    try:
+        record = json.loads(daemon_file.read_text())
+        url, token_file, pid = record["url"].rstrip("/"), record["token_file"], int(record["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        print(f"lingcode env: no daemon is running (no live one in {daemon_file}); start one with "
+              "`lingcode serve`", file=sys.stderr)  # fmt: skip
+        return 1
+    token = f'"$(cat {shlex.quote(token_file)})"'
+    exports = {"LINGCODE_URL": shlex.quote(url), "LINGCODE_TOKEN": token,
+               "OPENAI_BASE_URL": shlex.quote(f"{url}/v1"), "OPENAI_API_KEY": '"$LINGCODE_TOKEN"',
+               "ANTHROPIC_BASE_URL": shlex.quote(url), "ANTHROPIC_AUTH_TOKEN": '"$LINGCODE_TOKEN"'}  # fmt: skip
+    print("\n".join(f"export {name}={value}" for name, value in exports.items()))
+    return 0
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -199,7 +230,7 @@ def _daemon_status() -> str:
     """Whether daemon.json exists, and whether the daemon it points at answers /health."""
     daemon_file = paths.daemon_file()
     if not daemon_file.exists():
-        return f"not running (no {daemon_file})"
+        return f"not running (no {daemon_file.name} in the state dir)"
     try:
         info = json.loads(daemon_file.read_text())
         url = info["url"].rstrip("/")
@@ -210,8 +241,8 @@ def _daemon_status() -> str:
     try:
         response = httpx.get(f"{url}/health", timeout=2.0)
     except httpx.HTTPError as e:
-        return f"{daemon_file} names {url}, but /health does not answer ({type(e).__name__}); stale file?"
-    return f"{url} (pid {info.get('pid')}): /health {response.status_code} {response.text.strip()[:200]}"
+        return f"daemon.json names {url}, but /health does not answer ({type(e).__name__}): stale file?"
+    return f"{url} (pid {info.get('pid')}): /health {response.status_code} {response.text.strip()[:40]}"
 
 
 def _port(text: str) -> int:
@@ -266,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--compile", action="store_true",
                        help="torch.compile the local engine's torch step (implies --kernels torch): on a GPU the "
                             "captured step; on the CPU slower than the native step, and 2-5 minutes at start")
+    serve.add_argument("--speculation", metavar="S", default="ngram",
+                       help="the local engine's drafting: ngram (prompt lookup, the default), off, or early-exit:L")
     serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
     serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,
@@ -304,6 +337,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "Also tables every switch of the SGLang profile and the GPU environment.")
     doctor.add_argument("--profile", metavar="P", default=None, help="the SGLang profile to check (default: the active one)")
     doctor.set_defaults(func=cmd_doctor)
+
+    env = sub.add_parser("env", help="print shell exports that point clients at the running daemon",
+                         description='Print LINGCODE_URL, LINGCODE_TOKEN, OPENAI_BASE_URL, OPENAI_API_KEY, '
+                                     'ANTHROPIC_BASE_URL and ANTHROPIC_AUTH_TOKEN for the daemon daemon.json names, '
+                                     'as shell exports: eval "$(lingcode env)". The token is read by the shell from '
+                                     'its file.')  # fmt: skip
+    env.set_defaults(func=cmd_env)
 
     sglang_args = sub.add_parser(
         "sglang-args", help="print the SGLang launch command of a profile",
@@ -364,6 +404,37 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write the table (.md) and every keystroke (.json) under DIR, e.g. bench/results")
     bench_lsp.set_defaults(func=cmd_bench)
 
+    bench_startup = benches.add_parser(
+        "startup", help="time to first output of each command, and of the LSP's initialize, in fresh processes",
+        description="Runs the commands that load no model (--help, models, doctor, sglang-args, lsp --help, pull) "
+                    "and `lingcode lsp` (initialize) in fresh processes, in turns; medians of --runs.",
+    )  # fmt: skip
+    bench_startup.add_argument("--runs", type=_positive, default=7, help="runs per command (default: 7)")
+    bench_startup.add_argument("--out", default=None, metavar="PATH",
+                               help="write PATH.json and PATH.md, e.g. bench/results/startup-DATE")
+    bench_startup.set_defaults(func=cmd_bench)
+
+    bench_load = benches.add_parser(
+        "load", help="a fresh daemon's time to ready and to its first token, prepared-model cache cold and warm",
+        description="Starts `lingcode serve --device cpu` in a temporary LINGCODE_HOME (sharing the built kernels), "
+                    "times it to /health and to a one-token completion, with the prepared-model cache emptied "
+                    "(cold) and kept (warm), alternating; medians of --runs.",
+    )  # fmt: skip
+    bench_load.add_argument("--runs", type=_positive, default=3, help="runs per cache state (default: 3)")
+    bench_load.add_argument("--model", default=None, help="model to serve (default: the default model)")
+    bench_load.add_argument("--out", default=None, metavar="PATH", help="write PATH.json and PATH.md")
+    bench_load.set_defaults(func=cmd_bench)
+
+    bench_grammar = benches.add_parser(
+        "grammar", help="constrained decoding: compile time and per-token mask cost, llguidance vs xgrammar",
+        description="Compiles the forced-tool-call grammars of opencode's, Claude Code's and Codex CLI's tool sets and "
+                    "a JSON response format, feeds a real call through each (a mask per token), then compiles "
+                    "pathological schemas in child processes with a time limit. xgrammar only where installed.",
+    )  # fmt: skip
+    bench_grammar.add_argument("--out", default=None, metavar="PATH", help="write PATH.json and PATH.md")
+    bench_grammar.add_argument("--pathological-child", default=None, help=argparse.SUPPRESS)
+    bench_grammar.set_defaults(func=cmd_bench)
+
     bench_agent = benches.add_parser("agent", help="a tool loop: TTFT per turn, session API vs stateless API",
                                        description="A scripted tool loop; time to first token per turn against context "
                                                    "length, through the session API and the stateless chat API.")
@@ -385,6 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     add_soak_arguments(soak)
     soak.set_defaults(func=cmd_bench_soak)
+
+    from lingcode.bench.daemon import add_arguments as add_daemon_arguments
+
+    bench_daemon = benches.add_parser(
+        "daemon", help="what the daemon adds to the engine: per-token ratio, added TTFT, where the time goes",
+        description="The same requests to the engine directly and through a running daemon (SSE, read by httpx), "
+                    "alternating; with --engine sglang, the SGLang adapter against a stand-in at --step-ms per token.",
+    )  # fmt: skip
+    add_daemon_arguments(bench_daemon)
+    bench_daemon.set_defaults(func=cmd_bench)
 
     chat = sub.add_parser("chat", help="chat with the model, or let it work as an agent, in the terminal",
                           description="The terminal chat: streamed Markdown, sessions, slash commands, agent mode. "

@@ -8,7 +8,6 @@ the connection, which makes the daemon abort the request in the engine.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -27,7 +26,7 @@ class DaemonError(RuntimeError):
     """The daemon could not be reached or started; the message says what to do."""
 
 
-class APIError(RuntimeError):
+class ErrorResponse(RuntimeError):
     """The daemon answered with an error (its OpenAI-shaped body's message)."""
 
     def __init__(self, status: int, message: str, body: dict | None = None):
@@ -161,7 +160,7 @@ class Client:
                 event = json.loads(data)
                 if "error" in event and "choices" not in event:
                     error = event["error"]
-                    raise APIError(500, error.get("message", "error") if isinstance(error, dict) else str(error), event)
+                    raise ErrorResponse(500, error.get("message", "error") if isinstance(error, dict) else str(error), event)
                 yield event
 
 
@@ -173,19 +172,6 @@ def _json_or_raise(response: httpx.Response) -> dict:
     if response.status_code >= 400:
         error = body.get("error") if isinstance(body, dict) else None
         message = error.get("message") if isinstance(error, dict) else (response.text or response.reason_phrase)
-        raise APIError(response.status_code, message, body)
+        raise ErrorResponse(response.status_code, message, body)
     return body
 
-
-async def wait_healthy(daemon: Daemon, timeout: float = 60.0) -> bool:
-    """Poll /health until it answers (a daemon restarting), without blocking the event loop."""
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(timeout=2.0) as http:
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(f"{daemon.url}/health")).status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
-    return False

@@ -53,3 +53,17 @@ def token_file() -> Path:
 
 def daemon_file() -> Path:
     return state_dir() / "daemon.json"
+
+
+def native_dir() -> Path:
+    """Native code lingcode builds on this machine (the CPU kernels), one subfolder per library."""
+    path = cache_dir() / "native"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def prepared_dir() -> Path:
+    """Models as the engine prepared them for this machine (lingcode.engine.local.prepared)."""
+    path = cache_dir() / "prepared"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 
 import httpx
 
-from lingcode.client import APIError, DaemonError
+from lingcode.client import ErrorResponse, DaemonError
 from lingcode.lsp.context_ring import ContextRing
 from lingcode.lsp.daemon_link import CONNECTION_ERRORS, DaemonLink
 from lingcode.lsp.stats import CompletionStats
@@ -139,7 +139,7 @@ class Completer:
                 raise
             self.stats.superseded += 1  # a newer request for this document cancelled ours
             return None
-        except (DaemonError, APIError, httpx.HTTPError) as exc:
+        except (DaemonError, ErrorResponse, httpx.HTTPError) as exc:
             self.stats.errors += 1
             self.log(f"lingcode: completion failed: {exc}")
             if isinstance(exc, CONNECTION_ERRORS):

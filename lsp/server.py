@@ -18,6 +18,7 @@ at most 32 MiB) is logged and skipped, and the server goes on with the next mess
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -34,6 +35,7 @@ from pygls.lsp.server import LanguageServer
 from lingcode import __version__
 from lingcode.lsp.completer import Completer, Cursor, Settings
 from lingcode.lsp.daemon_link import DaemonLink, Progress
+from lingcode.lsp.early import First, HeldBack, Replay, initialize_result
 from lingcode.lsp.wire import MessageReader, dispatch
 
 STATS = "lingcode/stats"
@@ -52,12 +54,20 @@ class LingcodeServer(LanguageServer):
         self.current_uri: str | None = None
         self.may_notify = False  # LSP: no notification to the client before `initialize`
 
-    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
-        """pygls' stdio server (as LanguageServer.start_io runs it), reading through wire.py."""
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None, first: First | None = None) -> None:
+        """pygls' stdio server (as LanguageServer.start_io runs it), reading through wire.py.
+
+        first: what early.answer_initialize read (and perhaps answered) before pygls was imported."""
         self._stop_event = threading.Event()
-        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        stdin, writer = stdin or sys.stdin.buffer, StdoutWriter(stdout or sys.stdout.buffer)
+        if first is not None and first.answered_id is not None:  # pygls handles it too, its answer held back
+            sent = initialize_result(json.loads(first.body)["params"])
+            writer = HeldBack(writer, first, sent)
+        elif first is not None:  # not answered: the server reads it as if nothing had
+            stdin = Replay(first.raw, stdin)
+        self.protocol.set_writer(writer)
         try:
-            asyncio.run(self._serve(stdin or sys.stdin.buffer))
+            asyncio.run(self._serve(stdin, first.body if first is not None and first.answered_id is not None else None))
         except BrokenPipeError:
             log.error("the editor closed the connection; shutting down")
         except (KeyboardInterrupt, SystemExit):  # `exit`, as in pygls
@@ -65,9 +75,11 @@ class LingcodeServer(LanguageServer):
         finally:
             self.shutdown()
 
-    async def _serve(self, stdin: BinaryIO) -> None:
+    async def _serve(self, stdin: BinaryIO, answered: bytes | None = None) -> None:
         loop = asyncio.get_running_loop()
         reader = MessageReader(stdin, lambda problem: loop.call_soon_threadsafe(self.input_problem, problem))
+        if answered is not None:
+            dispatch(self.protocol, answered, self.input_problem)
         while not self._stop_event.is_set():
             body = await loop.run_in_executor(self.thread_pool, reader.read)  # blocking reads, off the loop
             if body is None:
@@ -249,7 +261,7 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
     return server
 
 
-def main(serve_args: list[str] = (), auto_start: bool = True) -> int:
+def main(serve_args: list[str] = (), auto_start: bool = True, first: First | None = None) -> int:
     """Serve LSP over stdin/stdout until the editor says exit."""
-    build_server(serve_args, auto_start).start_io()
+    build_server(serve_args, auto_start).start_io(first=first)
     return 0

@@ -5,10 +5,10 @@
     POST /v1/chat/completions    chat, streamed (SSE) or not
     POST /v1/completions         plain prompts (and fill-in-the-middle where the model has it)
     GET  /v1/lingcode/stats      the engine's and the scheduler's counters
-    POST /v1/lingcode/complete   code completion at a cursor, for editors (server/completion_routes.py)
-    /v1/sessions...              token-exact agent sessions (server/sessions_routes.py)
-    POST /v1/messages[/count_tokens]  Anthropic Messages (server/anthropic_routes.py)
-    POST /v1/responses           OpenAI Responses (server/openai_responses_routes.py)
+    POST /v1/lingcode/complete   code completion at a cursor, for editors (server/editor/)
+    /v1/sessions...              token-exact agent sessions (server/sessions/)
+    POST /v1/messages[/count_tokens]  Anthropic Messages (server/anthropic/)
+    POST /v1/responses           OpenAI Responses (server/responses/)
     GET  /metrics                Prometheus metrics (server/observability.py)
     GET  /openapi.json           this API's OpenAPI document (server/openapi.py)
 
@@ -32,14 +32,15 @@ from lingcode.engine import ModelInfo
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server import errors, openapi
 from lingcode.server.access import AccessGuard
-from lingcode.server.anthropic_routes import AnthropicRoutes
+from lingcode.server.anthropic.messages import MessagesServing
 from lingcode.server.auth import OPEN_PATHS, TokenAuth
 from lingcode.server.body import MAX_BODY_BYTES
-from lingcode.server.completion_routes import CompletionRoutes
+from lingcode.server.editor.serving import EditorServing
 from lingcode.server.observability import RequestObserver, add_metrics_route
-from lingcode.server.openai_responses_routes import ResponsesRoutes
-from lingcode.server.openai_routes import OpenAIRoutes
-from lingcode.server.sessions_routes import SessionRoutes
+from lingcode.server.openai.chat import ChatServing
+from lingcode.server.openai.completions import CompletionsServing
+from lingcode.server.responses.serving import ResponsesServing
+from lingcode.server.sessions.serving import SessionsServing
 from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
 
 
@@ -84,17 +85,16 @@ def create_app(
                                   param="model", code="model_not_found")  # fmt: skip
         return model
 
-    completions = CompletionRoutes(scheduler, info, model_id, max_body_bytes)
+    served = (scheduler, info, model_id, max_body_bytes)
+    editor = EditorServing(*served)
 
     @app.get("/v1/lingcode/stats")
     async def stats() -> dict:
-        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": completions.stats(),
+        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": editor.stats(),
                 "sessions": sessions.stats()}
 
     add_metrics_route(app, scheduler)
-    OpenAIRoutes(scheduler, info, model_id, max_body_bytes).install(app)
-    completions.install(app)
-    SessionRoutes(scheduler, info, model_id, max_body_bytes, sessions).install(app)
-    AnthropicRoutes(scheduler, info, max_body_bytes).install(app)
-    ResponsesRoutes(scheduler, info, model_id, max_body_bytes).install(app)
+    for serving in (ChatServing(*served), CompletionsServing(*served), editor, SessionsServing(*served, store=sessions),
+                    MessagesServing(*served), ResponsesServing(*served)):  # fmt: skip
+        serving.install(app)
     return app

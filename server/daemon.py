@@ -36,6 +36,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGTERM
 
 
+SWITCH_INTERVAL_MS = 0.05  # see serve(); Python's default is 5 ms
+
+
 def _say(message: str) -> None:
     print(message, flush=True)
 
@@ -218,6 +221,7 @@ def serve(
     log_format: str = "json",
     kernels: str = "auto",
     compile: bool = False,
+    speculation: str = "ngram",
 ) -> int:
     """Run the daemon until Ctrl+C or SIGTERM; the process exit code.
 
@@ -226,7 +230,8 @@ def serve(
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
     kernels: the local engine's forward pass, "torch", "triton" (GPU), "native" (CPU) or "auto". compile:
-    torch.compile the local engine's torch step (minutes of compiling at load).
+    torch.compile the local engine's torch step (minutes of compiling at load). speculation: the local
+    engine's drafting ("ngram", "off", "early-exit:L").
     """
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
@@ -272,7 +277,8 @@ def serve(
             _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
             from lingcode.engine.local import load_engine
 
-            local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile)
+            local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile,
+                                       speculation=speculation)
     except KeyboardInterrupt:
         _close(sockets, unix_socket)
         return 130
@@ -294,6 +300,12 @@ def serve(
     from lingcode.server.app import create_app
 
     log_config = logs.configure(log_level, log_format)
+    # The engine's worker thread and the event loop share the GIL. A thread that wants it waits
+    # until the holder reaches a switch point, by default up to 5 ms: the engine's Python between
+    # two GPU verify steps then waits behind a whole burst of the loop's work (drafting ran 1.12-1.18x
+    # slower in the daemon than direct on the H200; 0.98-1.01x at 50 us). LINGCODE_SWITCH_INTERVAL_MS
+    # overrides it, for `lingcode bench daemon`.
+    sys.setswitchinterval(float(os.environ.get("LINGCODE_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS)) / 1e3)
 
     scheduler = Scheduler(local_engine, max_queue=max_queue)
     app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,
@@ -347,9 +359,10 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
 
     # access_log off: lingcode.access (server/observability.py) logs each request with its id.
     # proxy_headers off: nothing sits in front of the daemon, so X-Forwarded-For is never believed.
+    # http "auto": httptools (C) parses requests where it is installed, else h11.
     config = uvicorn.Config(
         app, log_config=log_config, log_level=log_level, access_log=False, proxy_headers=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, http="auto",
     )  # fmt: skip
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with
@@ -358,7 +371,8 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
     stop_signals = (signal.SIGINT, signal.SIGTERM) if in_main_thread else ()
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in stop_signals}
     try:
-        asyncio.run(_serve_until_stopped(server, sockets, scheduler, ready))
+        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+            runner.run(_serve_until_stopped(server, sockets, scheduler, ready))
     except SystemExit as exc:  # uvicorn's startup failure
         return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     finally:
@@ -366,6 +380,20 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
             signal.signal(sig, handler)
     _say("lingcode: stopped")
     return EXIT_OK
+
+
+def _event_loop_factory():
+    """uvloop where it is installed (not on Windows): its loop wakes, reads and writes sockets in C,
+    which is per-request and per-chunk time the daemon adds; LINGCODE_EVENT_LOOP=asyncio for the
+    standard loop (lingcode bench daemon compares them)."""
+    if os.environ.get("LINGCODE_EVENT_LOOP", "uvloop") == "uvloop":
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop
+        except ImportError:
+            pass
+    return None
 
 
 async def _serve_until_stopped(server, sockets: list[socket.socket], scheduler, ready) -> None:

@@ -4,7 +4,9 @@
 
 SDKs read `error.message`, so the real reason reaches the user. Nothing else leaks out: FastAPI's
 422 lists become 400s, unknown routes 404s, and an unexpected exception a 500 that says only that
-(the traceback goes to the daemon's log, never to the client).
+(the traceback goes to the daemon's log, never to the client). as_api_error() is the one mapping
+from what the pipeline raises (a full queue, a context overflow, an engine failure, a grammar
+problem) to what the client sees.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+
+from lingcode.agent.grammar import GrammarError, GrammarUnavailable
+from lingcode.engine import ContextOverflow, EngineError, EngineUnavailable
+from lingcode.pipeline.scheduler import QueueFull
+
+RETRY_AFTER_S = "1"
 
 # The error `type` for each status (OpenAI's names where it has one).
 _TYPES = {
@@ -111,6 +119,25 @@ class ContextLengthExceeded(APIError):
             message = (f"input length and `max_tokens` exceed context limit: {self.prompt_tokens} + {self.max_tokens} "
                        f"> {self.context}, decrease input length or `max_tokens` and try again")  # fmt: skip
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+
+
+def as_api_error(exc: BaseException) -> APIError | None:
+    """The client-facing error for what a turn can raise; None for a bug (a plain 500)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFull):
+        return APIError(429, str(exc), code="queue_full", headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(exc, ContextOverflow):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, EngineUnavailable):  # e.g. SGLang restarting after a crash
+        return APIError(503, str(exc), code="engine_unavailable", headers={"Retry-After": RETRY_AFTER_S})
+    if isinstance(exc, EngineError):
+        return APIError(500, str(exc), code="engine_error")
+    if isinstance(exc, GrammarUnavailable):
+        return APIError(400, str(exc), code="grammar_unavailable")
+    if isinstance(exc, GrammarError):
+        return APIError(400, str(exc), code="invalid_grammar")
+    return None
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:

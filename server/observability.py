@@ -26,8 +26,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lingcode.pipeline import metrics
 from lingcode.pipeline.scheduler import Scheduler
+from lingcode.server.streaming import CLIENT_GONE
 
 REQUEST_ID_HEADER = "x-request-id"
+TRACE_HEADER = "x-lingcode-trace"  # asks for `timings.trace`: where the request's time went (lingcode bench daemon)
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 HTTP_REQUESTS = Counter(
@@ -67,19 +69,30 @@ class RequestObserver:
         request_id = sent if _SANE_ID.fullmatch(sent) else f"req-{secrets.token_hex(8)}"
         label = route_label(self.routes, scope)
         id_token, route_token = metrics.request_id.set(request_id), metrics.route.set(label)
+        trace = metrics.Trace(report=TRACE_HEADER in Headers(scope=scope))
+        trace_token = metrics.trace.set(trace)
         status = 500  # if the app raises before answering, Starlette's outermost handler sends a 500
+        complete = False  # the last part of the body went out
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, complete
             if message["type"] == "http.response.start":
                 status = message["status"]
                 MutableHeaders(scope=message).append(REQUEST_ID_HEADER, request_id)
+            elif message["type"] == "http.response.body":
+                if message.get("body"):
+                    trace.mark("until_first_body")
+                complete = not message.get("more_body", False)
+            sending = time.perf_counter()
             await send(message)
+            trace.add("send", time.perf_counter() - sending)
 
         started = time.perf_counter()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            if status < 400 and not complete:
+                status = CLIENT_GONE  # a stream its client left: logged as one that left before it began
             elapsed = time.perf_counter() - started
             HTTP_REQUESTS.labels(label, scope["method"], str(status)).inc()
             HTTP_DURATION.labels(label).observe(elapsed)
@@ -91,6 +104,7 @@ class RequestObserver:
             )  # fmt: skip
             metrics.request_id.reset(id_token)
             metrics.route.reset(route_token)
+            metrics.trace.reset(trace_token)
 
 
 def add_metrics_route(app: FastAPI, scheduler: Scheduler) -> None:

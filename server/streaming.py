@@ -24,6 +24,9 @@ from starlette.types import Send
 T = TypeVar("T")
 
 
+CLIENT_GONE = 499  # nginx's status for a client that left before its answer ended; logged, never sent
+
+
 class ClientGone(Exception):
     """The client disconnected before the response started; its work was cancelled."""
 

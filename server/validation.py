@@ -1,6 +1,6 @@
 """Request validation every API shares: the strict base model, parse(), and the rules that are the same.
 
-Each API's request models (openai_api, openai_responses_api, anthropic_api) build on these. A
+Each API's request models (openai/, responses/, anthropic/ protocol.py) build on these. A
 problem found here is a ValueError inside a model's validator, or an APIError from parse(); either
 way it reaches the client as a 400 in the shape of the route it came in on (server/errors.py).
 Rules that only look alike stay with their API: Anthropic's temperature (0 to 1), top_k and stop

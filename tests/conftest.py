@@ -13,6 +13,22 @@ from pathlib import Path
 
 import pytest
 
+from lingcode import paths
+
+# Built once per machine (`make test` builds the kernels first), shared by the tests' own homes:
+# each fresh LINGCODE_HOME would otherwise compile the CPU kernels again and keep its own prepared
+# model (~0.5 GB) for the one daemon it runs.
+SHARED_CACHE = paths.cache_dir()
+
+
+def share_built_caches(home: Path) -> Path:
+    """home, with its cache's native kernels and prepared models those of the user running the tests."""
+    (home / "cache").mkdir(parents=True, exist_ok=True)
+    for name in ("native", "prepared"):
+        (SHARED_CACHE / name).mkdir(parents=True, exist_ok=True)
+        (home / "cache" / name).symlink_to(SHARED_CACHE / name, target_is_directory=True)
+    return home
+
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
@@ -60,7 +76,7 @@ def daemon(model_path, tmp_path_factory) -> Daemon:
 
     At the end of the session it gets SIGTERM and must exit 0 and remove its daemon.json.
     """
-    home = tmp_path_factory.mktemp("daemon-home")
+    home = share_built_caches(tmp_path_factory.mktemp("daemon-home"))
     log_path = home / "daemon.log"
     command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu"]
     env = {**os.environ, "LINGCODE_HOME": str(home)}

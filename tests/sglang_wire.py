@@ -23,6 +23,7 @@ without GPUs. The shapes come from SGLang's source:
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -148,9 +149,16 @@ def handler(replay: Replay) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that closed its idle connection
+            super().handle_error(request, client_address)
+
+
 def serve(replay: Replay, port: int = 0) -> ThreadingHTTPServer:
     """Start the replay server on 127.0.0.1 in a daemon thread; .server_address has the port."""
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler(replay))
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", port), handler(replay))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

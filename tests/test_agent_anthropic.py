@@ -133,3 +133,26 @@ def test_anthropic_sdk_raises_on_errors(client):
     with pytest.raises(anthropic.BadRequestError) as error:
         client.messages.create(model="m", max_tokens=4, messages=QUESTION, tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"})
     assert "nope" in str(error.value)
+
+
+def test_a_tool_use_cut_by_max_tokens_leaks_no_markup(client):
+    """Issue 18.11, Anthropic's side: no text block holding `<tool_call>{"name": "get_` ."""
+    for max_tokens in (4, 8, 12):
+        reply = client.messages.create(model="m", max_tokens=max_tokens, messages=QUESTION, tools=[WEATHER],
+                                       tool_choice={"type": "any"}, **GREEDY)  # fmt: skip
+        assert reply.stop_reason == "max_tokens"
+        texts = [block.text for block in reply.content if block.type == "text"]
+        assert not any("<tool_call>" in text for text in texts), (max_tokens, texts)
+
+
+def test_message_start_carries_the_input_tokens(daemon):
+    """Issue 18.12: clients read usage.input_tokens from message_start; it was always 0."""
+    body = {"model": "m", "max_tokens": 3, "messages": QUESTION, "stream": True, "temperature": 0}
+    headers = {"x-api-key": daemon.token, "anthropic-version": "2023-06-01"}
+    for _ in range(2):  # the second time the prompt comes from the KV cache
+        with httpx.stream("POST", f"{daemon.url}/v1/messages", json=body, headers=headers, timeout=120) as response:
+            events = sse_events(response)
+        start = events[0][1]["message"]["usage"]
+        end = next(data for name, data in events if name == "message_delta")["usage"]
+        assert start["input_tokens"] + start["cache_read_input_tokens"] > 0
+        assert (start["input_tokens"], start["cache_read_input_tokens"]) == (end["input_tokens"], end["cache_read_input_tokens"])

@@ -1,7 +1,7 @@
 """Tool calling on /v1/chat/completions with the official openai client, against the real daemon.
 
 The default model (SmolLM2-135M) rarely calls tools by itself, so the tests that need a call force
-one with tool_choice (required or named), which constrains decoding with xgrammar: the arguments
+one with tool_choice (required or named), which constrains decoding with llguidance: the arguments
 must then validate against the tool's schema even from a 135M model.
 """
 
@@ -151,3 +151,23 @@ def test_bad_tool_requests_are_400s(daemon, body, param):
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
     assert (error["param"] or error["message"]).startswith(param.split("[")[0])
+
+
+def test_a_call_cut_by_max_tokens_leaks_no_markup(client):
+    """Issue 18.11: the tool-call markup of a call that max_tokens cut is never text."""
+    for max_tokens in range(1, 9):
+        reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                               tools=[WEATHER], tool_choice="required", max_tokens=max_tokens, **GREEDY)  # fmt: skip
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length"
+        assert "<tool_call>" not in (choice.message.content or ""), (max_tokens, choice.message.content)
+
+
+def test_a_forced_call_is_not_repeated(client):
+    """Issue 18.13: asked to call a tool, the small model writes the same call again and again; a
+    call that repeats the previous one exactly is dropped and ends the turn."""
+    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                                           tools=[WEATHER], tool_choice="required", max_tokens=96, **GREEDY)  # fmt: skip
+    calls = [(c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls]
+    assert calls and len(set(calls)) == len(calls), calls
+    assert reply.choices[0].finish_reason == "tool_calls"

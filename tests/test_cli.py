@@ -89,7 +89,7 @@ def test_serve_hands_the_resolved_model_to_the_daemon(model_path, monkeypatch):
         "engine": "local", "model_path": model_path, "model_name": models.DEFAULT_MODEL,
         "host": "127.0.0.1", "port": 0, "device": "auto", "max_queue": 4, "log_level": "info", "session_idle_s": 1800.0,
         "allow_remote": False, "allowed_hosts": (), "allowed_origins": (), "unix_socket": None, "log_format": "json",
-        "kernels": "auto", "compile": False,
+        "kernels": "auto", "compile": False, "speculation": "ngram",
     }]
 
 
@@ -112,3 +112,37 @@ def test_doctor_reports_a_stale_daemon_file(tmp_path):
     (tmp_path / "state" / "daemon.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": 1}))
     result = lingcode("doctor", home=tmp_path)
     assert "does not answer" in result.stdout
+
+
+def test_doctor_fits_100_columns(tmp_path):
+    result = lingcode("doctor", home=tmp_path)
+    assert "SGLang engine" in result.stdout and "kernels dir" in result.stdout
+    wide = [line for line in result.stdout.splitlines() if len(line) > 100]
+    assert not wide, wide
+
+
+@pytest.mark.parametrize("args", [["--help"], ["models"], ["sglang-args"], ["lsp", "--help"], ["pull"], ["bench", "--help"]])
+def test_commands_that_run_no_model_import_no_torch(model_path, args):
+    """What makes them print at once (`lingcode bench startup` times it): torch alone takes seconds."""
+    script = ("import sys\nfrom lingcode import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              "print(sorted(m for m in ('torch', 'numpy', 'fastapi', 'textual', 'pygls', 'jinja2') if m in sys.modules),"
+              " file=sys.stderr)")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
+    assert result.stdout, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "[]", result.stderr
+
+
+def test_env_points_clients_at_the_running_daemon(daemon):
+    """`eval "$(lingcode env)"` and an OpenAI-style client finds the daemon: no port or token path typed."""
+    check = ("import os, httpx; print(httpx.get(os.environ['OPENAI_BASE_URL'] + '/models', "
+             "headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']}).status_code)")  # fmt: skip
+    script = f'eval "$({sys.executable} -m lingcode env)" && test "$LINGCODE_URL" = {daemon.url} && {sys.executable} -c "{check}"'
+    result = subprocess.run(["bash", "-c", script], env={**os.environ, "LINGCODE_HOME": str(daemon.home)},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.stdout.strip() == "200", result.stderr
+    assert daemon.token not in lingcode("env", home=daemon.home).stdout  # read from its file by the shell
+
+
+def test_env_without_a_daemon_says_so(tmp_path):
+    result = lingcode("env", home=tmp_path)
+    assert result.returncode == 1 and "no daemon is running" in result.stderr and not result.stdout

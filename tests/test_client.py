@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+from conftest import share_built_caches
 
 from lingcode import client
 
@@ -33,7 +34,7 @@ async def test_streams_chat_and_reports_errors_in_their_shape(home):
         events = [e async for e in api.stream("/v1/chat/completions", body)]
         assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
         assert "".join(e["choices"][0]["delta"].get("content", "") for e in events)
-        with pytest.raises(client.APIError) as error:
+        with pytest.raises(client.ErrorResponse) as error:
             await api.post("/v1/chat/completions", {**body, "n": 3})
         assert error.value.status == 400 and "n" in error.value.message
     finally:
@@ -61,7 +62,7 @@ async def test_closing_a_stream_aborts_it_in_the_engine(home):
 
 
 def test_starts_a_daemon_when_none_runs(monkeypatch, tmp_path, model_path):
-    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path))
+    monkeypatch.setenv("LINGCODE_HOME", str(share_built_caches(tmp_path)))
     assert client.read_daemon_file() is None
     progress: list[str] = []
     started = client.ensure_daemon(["--model", str(model_path), "--port", "0", "--device", "cpu"], progress.append)

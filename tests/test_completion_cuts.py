@@ -73,3 +73,22 @@ def test_the_caller_can_force_one_line_or_a_block(multiline, expected):
 
 def test_an_empty_first_line_mid_line_is_an_empty_suggestion():
     assert cut("foo(", ")\n", "\n    bar") == ("", "newline")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "written", "expected"),
+    [
+        ("def f(s):\n    ", "", "\n    return s", "return s"),  # the cursor's indentation, written again
+        ("def f(s):\n    ", "", "\n        return s", "    return s"),  # deeper: the extra is kept
+        ("def f(s):\n        ", "", "\n    return s", "return s"),  # shallower: at the cursor
+        ("def f(s):\n\n    ", "", "\n    return s", "return s"),  # a blank line the model left out
+        ("x = 1\n    ", "", "\n\n    y = 2", "\n    y = 2"),  # a line break more than the cursor has
+        ("func f() {\n\t", "", "\n\treturn 1", "return 1"),  # tabs
+        ("x = foo(a, ", ")\n", " b", "b"),  # mid-line: the space after the comma
+        ("x = foo(a,", ")\n", " b", " b"),  # no whitespace at the cursor: nothing to take off
+    ],
+)
+def test_a_suggestion_never_repeats_the_whitespace_the_line_has(prefix, suffix, written, expected):
+    cut = CutRules(prefix, suffix, multiline=True)
+    out = "".join(cut.feed(piece)[0] for piece in written)  # a character at a time, as tokens arrive
+    assert out + cut.flush() == expected

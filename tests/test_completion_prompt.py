@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from lingcode.completion.prompt import LINE_STRIDE, Budgets, Chunk, CompletionInput, build_prompt, family_for
+from lingcode.completion.prompt import LINE_STRIDE, Budgets, Chunk, CompletionInput, build_prompt, completion_family
 from lingcode.text.tokenizer import Tokenizer
 
 SOURCE = (Path(__file__).parents[1] / "lingcode" / "pipeline" / "scheduler.py").read_text()
@@ -28,7 +28,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def test_smollm2_gets_the_repository_layout_it_was_trained_on(info):
-    assert family_for(info).name == "smollm2" and family_for(info).fim is None
+    assert completion_family(info).name == "smollm2" and completion_family(info).fim is None
     request = CompletionInput(prefix="import os\n", suffix="x = 1\n", path="app/main.py", repo="demo")
     prompt = build_prompt(info, request)
     tok = info.tokenizer
@@ -48,7 +48,7 @@ def test_the_prefix_fits_its_budget_from_a_stride_aligned_line(info):
     assert 0 < prompt.prefix_tokens <= 300
     assert prompt.prefix_start_line > 0 and prompt.prefix_start_line % LINE_STRIDE == 0
     lines = SOURCE.splitlines(keepends=True)
-    kept = "".join(lines[prompt.prefix_start_line :])
+    kept = "".join(lines[prompt.prefix_start_line :]).rstrip()  # the cursor's whitespace is the model's to write
     assert prompt.input_ids[-prompt.prefix_tokens :] == info.tokenizer.encode_text(kept)
     # One stride earlier would not have fitted.
     earlier = info.tokenizer.encode_text("".join(lines[prompt.prefix_start_line - LINE_STRIDE :]))
@@ -93,7 +93,7 @@ def fim_tokenizer() -> Tokenizer:
 def test_fim_families_put_the_suffix_between_their_tokens(info):
     tok = fim_tokenizer()
     model = dataclasses.replace(info, name="bigcode/starcoder2-3b", tokenizer=tok)
-    assert family_for(model).name == "starcoder2"
+    assert completion_family(model).name == "starcoder2"
     prompt = build_prompt(model, CompletionInput(prefix="a", suffix="a a", path="x"))
     ids = {name: tok.token_to_id(f"<fim_{name}>") for name in ("prefix", "suffix", "middle")}
     body = prompt.input_ids[prompt.input_ids.index(ids["prefix"]) :]
@@ -103,6 +103,6 @@ def test_fim_families_put_the_suffix_between_their_tokens(info):
 
 def test_an_unknown_model_with_fim_tokens_in_its_vocabulary_gets_them(info):
     model = dataclasses.replace(info, name="my-own-coder", tokenizer=fim_tokenizer())
-    family = family_for(model)
+    family = completion_family(model)
     assert family.fim == {"prefix": "<fim_prefix>", "suffix": "<fim_suffix>", "middle": "<fim_middle>"}
-    assert family_for(dataclasses.replace(info, name="my-own-model")).name == "plain"
+    assert completion_family(dataclasses.replace(info, name="my-own-model")).name == "plain"

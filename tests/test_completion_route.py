@@ -157,3 +157,26 @@ async def test_a_completion_goes_before_a_running_chat_which_then_finishes(api):
     after = await wait_idle(api)
     assert after["scheduler"]["preempted"] == before["scheduler"]["preempted"] + 1
     assert after["scheduler"]["resumed"] == before["scheduler"]["resumed"] + 1
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "path"),
+    [
+        ("def reverse(s):\n    ", "\n", "strings.py"),
+        ("class Text:\n    def reverse(self, s):\n        ", "\n", "strings.py"),
+        ('def reverse(s):\n    """Reverse a string."""\n    ', "\n", "strings.py"),
+        ("function add(a, b) {\n  ", "\n}\n", "math.js"),
+        ("int add(int a, int b) {\n    ", "\n}\n", "math.c"),
+        ("func add(a, b int) int {\n\t", "\n}\n", "math.go"),
+    ],
+)
+async def test_a_suggestion_after_indentation_does_not_indent_again(api, prefix, suffix, path):
+    """The issue's case: after 4 spaces the model said " return s[::-1]", one space too many (its
+    tokens put a run of spaces before a word: the prompt ended inside one)."""
+    body = {"prefix": prefix, "suffix": suffix, "path": path, "max_tokens": 24, "time_budget_ms": None}
+    response = await api.post(ROUTE, json=body)
+    assert response.status_code == 200, response.text
+    text = response.json()["text"]
+    assert text and not text[0].isspace(), text
+    if path == "strings.py" and "class" not in prefix:
+        assert text.startswith("return s[::-1]"), text

@@ -116,7 +116,7 @@ def test_a_failed_build_leaves_the_f32_path_and_says_why(monkeypatch, tmp_path, 
     broken = tmp_path / "cpu_attention.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(cpu_native, "SOURCES", [broken, *cpu_native.SOURCES[1:]])
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))
     with caplog.at_level(logging.WARNING, logger=cpu_native.__name__):
         assert cpu_native._build() is None
     assert "could not be built" in caplog.text and "f32 KV cache" in caplog.text

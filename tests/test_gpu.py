@@ -164,7 +164,7 @@ async def test_speculation_is_lossless_with_the_triton_step(triton_engine, rows)
 
 
 async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engine):
-    """xgrammar's bitmask (filled on the CPU) applied to logits on the GPU, with its GPU kernel:
+    """llguidance's bitmask (filled on the CPU) applied to logits on the GPU, unpacked there:
     the default model writes JSON that validates against the schema, greedy and sampled."""
     import json
 

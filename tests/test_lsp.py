@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
+from conftest import share_built_caches
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 ROOT = Path("/tmp/lingcode-lsp-test-workspace")
@@ -241,7 +242,7 @@ async def test_latest_wins_a_new_request_for_the_document_aborts_the_running_one
 
 
 async def test_without_a_daemon_it_starts_one_and_reports_progress(tmp_path, model_path):
-    home = tmp_path / "home"
+    home = share_built_caches(tmp_path / "home")
     client, _ = await start_lsp(home, "--model", str(model_path), "--device", "cpu", "--port", "0")
     daemon_file = home / "state" / "daemon.json"
     try:
@@ -294,3 +295,33 @@ def test_bench_lsp_replays_keystrokes_and_writes_its_table(daemon, tmp_path):
     missing = subprocess.run([*command[:5], "--file", str(tmp_path / "nope.py"), "--reuse-daemon"], env=env, capture_output=True,
                              text=True)  # fmt: skip
     assert missing.returncode == 2 and "is not a file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("editor", ["visual-studio-code", "neovim"])
+def test_the_early_initialize_answer_is_pygls_own(editor):
+    """`initialize` is answered before pygls is imported (lsp/early.py); a server that gets another
+    message first lets pygls answer it. Both answers must be the same, for real editors' capabilities."""
+    import json
+    import subprocess
+
+    from lingcode.bench.startup import receive, send
+    from pygls.protocol import default_converter
+
+    capabilities = default_converter().unstructure(client_capabilities(editor))
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"processId": None, "rootUri": ROOT.as_uri(), "capabilities": capabilities}}  # fmt: skip
+    answers, logs = [], []
+    for before in ([], [{"jsonrpc": "2.0", "method": "$/setTrace", "params": {"value": "off"}}]):
+        proc = subprocess.Popen([sys.executable, "-m", "lingcode", "lsp", "--no-start"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        for message in [*before, initialize, {"jsonrpc": "2.0", "id": 2, "method": "shutdown"}]:
+            send(proc, message)
+        messages = [receive(proc), receive(proc)]
+        send(proc, {"jsonrpc": "2.0", "method": "exit"})
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        assert [m.get("id") for m in messages] == [1, 2], messages
+        answers.append(json.dumps(messages[0]["result"], sort_keys=True))
+        logs.append(proc.stderr.read().decode())
+    assert answers[0] == answers[1]
+    assert "answered early" not in logs[0], logs[0]

@@ -146,7 +146,7 @@ def test_request_ids_in_responses_and_in_the_json_logs(http, daemon):
     access = by_logger["lingcode.access"]
     assert access["route"] == CHAT and access["status"] == 200 and access["method"] == "POST"
     assert access["duration_ms"] > 0 and {"ts", "level", "msg"} <= set(access)
-    generation = by_logger["lingcode.pipeline.generation"]
+    generation = by_logger["lingcode.generation"]
     assert generation["generation_id"] == completion_id and generation["completion_tokens"] == 2
     assert generation["finish_reason"] in ("stop", "length") and generation["ttft_ms"] > 0
     assert any(line.get("request_id") == generated for line in lines)
@@ -172,3 +172,21 @@ def test_log_lines_carry_the_request_context_in_both_formats():
     assert as_json["request_id"] == "req-abc" and as_json["route"] == "/v1/models"
     assert "INFO" in as_text and 'request_id="req-abc"' in as_text and "status=200" in as_text
 
+
+
+def test_a_stream_its_client_left_is_logged_as_client_gone(http, daemon):
+    """Issue 18.14: a stream abandoned after its headers was logged 200, one abandoned while it
+    waited 499; both are a client that left: 499."""
+    mine = "left-mid-stream"
+    body = {"messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 400, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    with http.stream("POST", CHAT, json=body, headers={"X-Request-Id": mine}) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())  # the headers and the first event came: the stream has started
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        access = [line for line in json_lines(daemon.log) if line.get("request_id") == mine and line["logger"] == "lingcode.access"]
+        if access:
+            break
+        time.sleep(0.05)
+    assert access and access[0]["status"] == 499, access

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import share_built_caches
 
 from lingcode.server import daemon as d
 from lingcode.server.access import AccessGuard, host_name
@@ -51,7 +52,7 @@ class Guarded:
 @pytest.fixture(scope="module")
 def guarded(model_path, tmp_path_factory):
     # A short directory: Unix socket paths are limited to ~107 bytes.
-    home = Path(tmp_path_factory.mktemp("sec"))
+    home = share_built_caches(Path(tmp_path_factory.mktemp("sec")))
     sock = home / "lc.sock"
     log_path = home / "daemon.log"
     command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu",

@@ -66,17 +66,47 @@ def events(response) -> list:
 def test_request_fields_reach_the_engine_as_sampling_params(serve, engine):
     tokens = engine.info.tokenizer.encode("Hello world")
     client, scripted = serve(tokens)
-    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, "top_p": 0.9, "top_k": 40,
-            "seed": 7, "ignore_eos": True}  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 300, "temperature": 0.5, "top_p": 0.9,
+            "top_k": 40, "seed": 7, "ignore_eos": True}  # fmt: skip
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "Hello world"
-    input_ids, params = scripted.calls[0]
-    # No max_tokens: whatever the context has left, never more.
-    expected = SamplingParams(max_tokens=engine.info.context_length - len(input_ids), temperature=0.5, top_p=0.9,
-                              top_k=40, seed=7, ignore_eos=True)  # fmt: skip
-    assert params == expected
+    _, params = scripted.calls[0]
+    # What the client set is used exactly as sent.
+    assert params == SamplingParams(max_tokens=300, temperature=0.5, top_p=0.9, top_k=40, seed=7, ignore_eos=True)
     assert client.get("/v1/lingcode/stats").json()["engine"] == {"calls": 1}
+
+
+def test_fields_left_out_get_the_model_familys_defaults(serve, engine):
+    """SmolLM2's defaults (lingcode/data/families.toml): greedy, and with no max_tokens the family's
+    answer length (1024), not the whole context."""
+    client, scripted = serve(engine.info.tokenizer.encode("Paris"))
+    for route, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                        ("/v1/completions", {"prompt": "The capital of France is"}),
+                        ("/v1/responses", {"input": "hi"})]:  # fmt: skip
+        assert client.post(route, json=body).status_code == 200, route
+    for _, params in scripted.calls:
+        assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (1024, 0.0, 1.0, 0)
+    # Anthropic requires max_tokens; the temperature left out is the family's too.
+    response = client.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 200, response.text
+    assert (scripted.calls[-1][1].max_tokens, scripted.calls[-1][1].temperature) == (5, 0.0)
+    # A prompt that leaves less room than the default length gets the rest of the context.
+    long = {"prompt": [1] * (engine.info.context_length - 10)}
+    assert client.post("/v1/completions", json=long).status_code == 200
+    assert scripted.calls[-1][1].max_tokens == 10
+
+
+def test_a_looping_answer_stops_when_the_client_set_no_max_tokens(serve, engine):
+    loop = engine.info.tokenizer.encode(" and then")  # repeated until the script ends
+    client, scripted = serve(loop * 200)
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] < 100  # stopped once the loop was plain, not after 600 tokens
+    # With max_tokens set, the client gets exactly what it asked for (OpenAI's semantics).
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                       "max_tokens": 600}).json()  # fmt: skip
+    assert answer["usage"]["completion_tokens"] == len(loop) * 200
 
 
 def test_an_unexpected_failure_is_a_bare_500(serve):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import share_built_caches
 
 from lingcode.server import daemon as d
 
@@ -107,7 +108,7 @@ def test_wildcard_addresses_get_a_loopback_url():
 
 def test_ctrl_c_mid_stream_ends_it_with_an_error_event_and_exits_0(model_path, tmp_path):
     """A second daemon of its own: Ctrl+C while a long stream runs (the session daemon covers SIGTERM)."""
-    env = {**os.environ, "LINGCODE_HOME": str(tmp_path)}
+    env = {**os.environ, "LINGCODE_HOME": str(share_built_caches(tmp_path))}
     command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
                "--device", "cpu", "--log-level", "warning"]  # fmt: skip
     log_path = tmp_path / "daemon.log"

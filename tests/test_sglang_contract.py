@@ -23,7 +23,7 @@ import pytest
 import sglang_wire as wire
 from lingcode.engine import SamplingParams
 from lingcode.engine.sglang import probe
-from lingcode.engine.sglang.adapter import sampling_params
+from lingcode.engine.sglang.adapter import generate_body, sampling_params
 from lingcode.engine.sglang.profiles import SGLANG_VERSION, builtin_profiles, resolve, verify_window
 
 if importlib.util.find_spec("sglang") is None:
@@ -180,6 +180,67 @@ def test_requests_fit_sglang_schema_and_the_replayed_bytes_are_sglangs():
     done = subprocess.run([sys.executable, "-c", SCHEMA], input=json.dumps({"bodies": bodies, "events": events}),
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# SGLang's /generate handler builds a GenerateReqInput from the body (unknown keys are a TypeError),
+# normalizes it, and the scheduler builds and verifies its SamplingParams. Importing io_struct pulls
+# SGLang's model-config registry, whose vision configs import torchvision at module level; torchvision
+# cannot be installed beside the CPU torch (tests/sglang-parser-requirements.txt), and the request
+# path never touches it, so it is stubbed in the child alone.
+REQUEST = r"""
+import importlib.abc, importlib.machinery, json, sys, types
+
+class _Anything(type):  # whatever is asked of a stubbed name: itself
+    def __getattr__(cls, name): return cls
+    def __call__(cls, *args, **kwargs): return cls
+    def __getitem__(cls, key): return cls
+    def __iter__(cls): return iter(())
+    def __or__(cls, other): return cls
+    __ror__ = __or__
+
+class Anything(metaclass=_Anything):
+    pass
+
+class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__getattr__ = lambda attr: Anything
+        module.__path__, module.__file__ = [], "<stub>"
+        return module
+    def exec_module(self, module): pass
+
+sys.meta_path.insert(0, _TorchvisionStub())
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.sampling.sampling_params import SamplingParams
+data = json.load(sys.stdin)
+for body in data["bodies"]:
+    request = GenerateReqInput(**body)
+    request.normalize_batch_and_arguments()
+    assert request.is_single and request.stream and request.rid == body["rid"], request
+    params = SamplingParams(**request.sampling_params)
+    params.verify(data["vocab_size"])
+    params.normalize(None)
+    assert params.max_new_tokens == body["sampling_params"]["max_new_tokens"]
+try:
+    GenerateReqInput(**{**data["bodies"][0], "not_a_field": 1})
+except TypeError:
+    print("ok")
+"""
+
+
+def test_generate_bodies_fit_sglangs_own_request_dataclass():
+    """What the adapter sends to /generate, through sglang.srt.managers.io_struct.GenerateReqInput and the
+    scheduler's SamplingParams checks (a guard: an unknown key must fail there)."""
+    params = [SamplingParams(max_tokens=16, temperature=0.0),
+              SamplingParams(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, seed=3, stop_token_ids=(7, 9)),
+              SamplingParams(max_tokens=16, ignore_eos=True)]  # fmt: skip
+    bodies = [generate_body(f"r-{i}-abc", [1, 2, 3], p, (156895,), 1000) for i, p in enumerate(params)]
+    done = subprocess.run([sys.executable, "-c", REQUEST], input=json.dumps({"bodies": bodies, "vocab_size": 157184}),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1:] == ["ok"], done.stderr[-3000:]
 
 
 def test_the_wire_format_the_adapter_reads_is_still_in_sglangs_source():

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from lingcode.text.detokenize import IncrementalDetokenizer
-from lingcode.text.stops import StopMatcher
+from lingcode.pipeline.generation import IncrementalDetokenizer, StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:
@@ -49,3 +48,20 @@ def test_detokenizer_skips_end_ids(engine):
     tok = engine.info.tokenizer
     detok = IncrementalDetokenizer(tok, skip_ids=frozenset({2}))
     assert detok.add(tok.encode("Paris.") + [2]) + detok.flush() == "Paris."
+
+
+def test_encode_remembers_pieces_between_added_tokens_and_gives_the_tokenizers_ids(engine):
+    """encode() splits at added tokens and caches the pieces (a chat's earlier messages): the ids
+    must be exactly what the tokenizer gives for the whole text, on any mix of text and tokens."""
+    import random
+
+    tok = engine.info.tokenizer
+    assert tok._split is not None  # the default model's added tokens split plainly
+    added = list(tok._added_ids)
+    words = ["def", " x", "\n", "  ", "héllo", "🙂", "\t", "12345", " ", "<", "|", "<|im_start", "|>", "im_end"]
+    rng = random.Random(0)
+    message = "Explain what this function does:\n" + "    return [x * 2 for x in items if x]\n" * 20
+    for _ in range(1500):
+        text = "".join(rng.choice(words + added + [message]) for _ in range(rng.randint(0, 30)))
+        assert tok.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids, repr(text)
+    assert message in tok._pieces or any(message in piece for piece in tok._pieces)  # long pieces are kept

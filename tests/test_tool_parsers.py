@@ -8,6 +8,7 @@ of a call must add up to its arguments.
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -145,28 +146,96 @@ def test_ling3_call_without_arguments():
 
 
 THINK = Reasoning("<think>", "</think>", ("<tool_call>",))
+LING3 = family_of("Ling-3.0-flash").reasoning  # THINK, and output that is all reasoning is the answer too
+
+
+def split_all(tags: Reasoning, starts_inside: bool, chunks: list[str], complete: bool = True) -> tuple[str, str, ReasoningSplitter]:
+    """The streamed totals (reasoning, answer) and the splitter, for whole-reply questions."""
+    splitter = ReasoningSplitter(tags, starts_inside)
+    parts = [splitter.feed(chunk) for chunk in chunks] + [splitter.finish(complete)]
+    return "".join(r for r, _ in parts), "".join(a for _, a in parts), splitter
+
+
+def chunkings(text: str) -> list[list[str]]:
+    """Whole, one character at a time, and three random chunkings."""
+    out = [[text], list(text)]
+    for seed in range(3):
+        rng, i, chunks = random.Random(seed), 0, []
+        while i < len(text):
+            n = rng.randint(1, 6)
+            chunks.append(text[i : i + n])
+            i += n
+        out.append(chunks)
+    return out
 
 
 @pytest.mark.parametrize("starts_inside,text,reasoning,answer", [
     (True, "I should look it up.</think>\n\nIt is sunny.", "I should look it up.", "It is sunny."),
     (False, "<think>short</think>Answer", "short", "Answer"),
+    (False, "  <think>short</think>Answer", "short", "Answer"),
     (False, "No thinking here.", "", "No thinking here."),
     (True, "Need a tool.<tool_call>get_weather\n</tool_call>", "Need a tool.", "<tool_call>get_weather\n</tool_call>"),
+    (True, "<think>Its own tag.</think>Answer", "Its own tag.", "Answer"),  # the prompt had opened the block
+    (True, "<think></think>Answer", "", "Answer"),
+    (True, "</think>Answer", "", "Answer"),
+    (True, "A <think> in the middle is text.</think>Answer", "A <think> in the middle is text.", "Answer"),
+    (False, "Answer, then <think>no reasoning</think>", "", "Answer, then <think>no reasoning</think>"),
+    (True, "Cut off in the end tag</thi", "Cut off in the end tag</thi", ""),
 ])  # fmt: skip
-@pytest.mark.parametrize("step", [1, 5, 1000])
-def test_reasoning_split(starts_inside, text, reasoning, answer, step):
-    splitter = ReasoningSplitter(THINK, starts_inside)
-    got_r = got_a = ""
-    for i in range(0, len(text), step):
-        r, a = splitter.feed(text[i : i + step])
-        got_r, got_a = got_r + r, got_a + a
-    r, a = splitter.finish()
-    assert (got_r + r, got_a + a) == (reasoning, answer)
+def test_reasoning_split(starts_inside, text, reasoning, answer):
+    for chunks in chunkings(text):
+        assert split_all(THINK, starts_inside, chunks)[:2] == (reasoning, answer), chunks
+
+
+@pytest.mark.parametrize("starts_inside,text", [(True, "Still thinking when max_tokens cut"), (False, "<think>Never closed")])
+def test_ling3_output_that_is_all_reasoning_is_the_answer_too(starts_inside, text):
+    """As SGLang's ling3 parser: streamed, the reasoning and then all of it again as the answer;
+    the whole reply, the answer alone. Not after an abort, and not for families without the rule."""
+    thought = text.removeprefix("<think>")
+    for chunks in chunkings(text):
+        reasoning, answer, splitter = split_all(LING3, starts_inside, chunks)
+        assert (reasoning, answer) == (thought, thought) and splitter.answer_is_reasoning
+        assert splitter.reasoning == thought
+        assert split_all(LING3, starts_inside, chunks, complete=False)[:2] == (thought, "")
+        assert split_all(THINK, starts_inside, chunks)[:2] == (thought, "")
+    # closed on an empty answer: the whole reply still gives the reasoning as the answer; a stream does not
+    reasoning, answer, splitter = split_all(LING3, True, ["Done.</think>"])
+    assert (reasoning, answer, splitter.answer_is_reasoning, splitter.reasoning) == ("Done.", "", True, "Done.")
+    # a held-back partial end tag is answer text only, as SGLang's finish() gives it
+    assert split_all(LING3, True, ["Almost</thi"])[:2] == ("Almost", "Almost</thi")
+
+
+@pytest.mark.parametrize("text", ["Thinking.</think>\n\n", "Thinking.<tool_call>f\n</tool_call>"])
+def test_any_answer_keeps_the_reasoning_apart(text):
+    """Whitespace after </think>, or a tool call, is an answer: SGLang's rule looks for none at all."""
+    *_, splitter = split_all(LING3, True, [text])
+    assert not splitter.answer_is_reasoning and splitter.reasoning == "Thinking."
 
 
 def test_families_from_data():
     assert family_of("Smollm2 135M 8k Lc100K Mix1 Ep2").tool_parser == "hermes"
     ling = family_of("inclusionAI/Ling-3.0-flash")
     assert ling.tool_parser == "ling3" and ling.reasoning.start == "<think>" and "<tool_call>" in ling.reasoning.also_ends_at
+    assert ling.reasoning.nonempty_content and not family_of("Qwen3-8B").reasoning.nonempty_content
     assert family_of("some-model", architecture="BailingMoeV3ForCausalLM").name == "ling3"
     assert family_of("unknown-model").name == "default"
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_a_call_that_repeats_the_previous_one_is_dropped_and_ends_the_turn(step):
+    """lingcode.pipeline.turns' call filter: a repeat is held while it matches, dropped when it
+    completes identical; a call that differs is released as soon as it does (none is lost)."""
+    from lingcode.pipeline.turns import _CallFilter
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>\n'
+    cases = {("Paris", "Paris"): ["Paris"], ("Paris", "Parma"): ["Paris", "Parma"], ("Paris", "Paris2"): ["Paris", "Paris2"]}
+    for cities, expected in cases.items():
+        calls = _CallFilter(make_parser("hermes", [Tool("get_weather")]))
+        text, events = "".join(call % c for c in cities), []
+        for i in range(0, len(text), step):
+            events += calls.feed(text[i : i + step])
+        events += calls.finish()
+        assert [json.loads(c.arguments)["city"] for c in calls.calls] == expected
+        assert calls.repeated == (len(expected) < len(cities))
+        streamed = "".join(e.fragment for e in events if isinstance(e, CallArgs) and e.index == len(expected) - 1)
+        assert streamed == calls.calls[-1].arguments  # what was streamed is exactly the calls reported

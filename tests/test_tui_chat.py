@@ -9,8 +9,10 @@ import signal
 import time
 
 import pytest
+from markdown_it import MarkdownIt
 from textual.widgets import DataTable, Input, OptionList
 from textual.widgets.markdown import MarkdownFence
+from conftest import share_built_caches
 from tui_support import SIZE, answered, chat_app, connected, finished_answers, idle, send, wait_until
 
 from lingcode.client import read_daemon_file
@@ -148,6 +150,12 @@ async def test_slash_commands_complete_in_the_input_and_act(home, store, tmp_pat
         await pilot.press("enter")
         await wait_until(pilot, lambda: any("/sessions" in n for n in notes(app)), "the help note")
         assert app.prompt.input.text == ""
+        # Each command is one row of two cells: `/agent [on|off]` is not split at its |.
+        help_note = next(n for n in notes(app) if "/sessions" in n)
+        tokens = MarkdownIt("gfm-like").parse(help_note)
+        rows = [[t.children[0].content if t.children else "" for t in tokens[i:] if t.type == "inline"][:2]
+                for i, t in enumerate(tokens) if t.type == "tr_open"]  # fmt: skip
+        assert ["/agent [on|off]", "toggle agent mode: the model may read, edit and run commands (asking first)"] in rows
 
         await send(pilot, "/system Answer in one word.")
         await pilot.pause()
@@ -361,7 +369,7 @@ def stop_daemon(pid: int) -> None:
 
 async def test_no_daemon_starts_one_and_a_lost_daemon_loses_no_message(monkeypatch, store, tmp_path, model_path):
     """Its own daemons, in an empty LINGCODE_HOME: started by the chat, stopped under it, started again."""
-    monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LINGCODE_HOME", str(share_built_caches(tmp_path / "home")))
     link = DaemonLink(["--model", str(model_path), "--port", "0", "--device", "cpu"])
     app = ChatApp(link=link, store=store, workdir=tmp_path, permissions=Permissions([]), max_tokens=4, temperature=0)
     started: list[int] = []

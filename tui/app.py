@@ -23,7 +23,7 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header
 
-from lingcode.client import APIError, DaemonError
+from lingcode.client import ErrorResponse, DaemonError
 from lingcode.tui import commands
 from lingcode.tui.attachments import AttachError, attach
 from lingcode.tui.commands import CommandActions, UnknownCommand
@@ -121,7 +121,7 @@ class ChatApp(CommandActions, App):
         self.stats_bar.set_link("connecting to the daemon…", "busy")
         try:
             await self.link.connect(self.show_progress)
-        except (DaemonError, APIError, httpx.HTTPError, OSError) as e:
+        except (DaemonError, ErrorResponse, httpx.HTTPError, OSError) as e:
             log.warning("connect failed: %s", e)
             await self.note(f"Could not reach or start the daemon: {e}", error=True)
             self.reconnect()
@@ -279,7 +279,7 @@ class ChatApp(CommandActions, App):
             self.store.finish(message_id, state="stopped", content=text)
             await view.finish(text, state="stopped")
             raise
-        except APIError as e:
+        except ErrorResponse as e:
             await self.failed(message_id, view, text, e.message)
             await self.explain(e)
             return None
@@ -304,7 +304,7 @@ class ChatApp(CommandActions, App):
         self.store.finish(message_id, state="error", content=text, error=error)
         await view.finish(text, state="error", error=error)
 
-    async def explain(self, error: APIError) -> None:
+    async def explain(self, error: ErrorResponse) -> None:
         detail = error.body.get("error")
         code = detail.get("code") if isinstance(detail, dict) else None
         if code == "context_length_exceeded":

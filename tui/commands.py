@@ -15,7 +15,7 @@ from markdown_it import MarkdownIt
 from textual.app import SystemCommand
 
 from lingcode import models
-from lingcode.client import APIError
+from lingcode.client import ErrorResponse
 from lingcode.tui.store.export import export_session
 from lingcode.tui.widgets.sessions import SessionsScreen
 from lingcode.tui.widgets.stats import answer_line
@@ -170,7 +170,7 @@ class CommandActions:
                 for part, counters in daemon.items():
                     for key, value in (counters or {}).items():
                         lines.append(f"| {part}.{key} | {value} |")
-            except (APIError, httpx.HTTPError) as e:
+            except (ErrorResponse, httpx.HTTPError) as e:
                 lines += ["", f"(the daemon's counters are unavailable: {e})"]
         await self.note("\n".join(lines))
 
@@ -235,5 +235,8 @@ class CommandActions:
             self.waiting_for_daemon = True
 
     async def command_help(self, args: str) -> None:
-        rows = "\n".join(f"| `{c.usage}` | {c.help} |" for c in COMMANDS)
+        def cell(text: str) -> str:  # a cell ends at any unescaped |, in a code span too (GFM, as Textual reads it)
+            return text.replace("|", "\\|")
+
+        rows = "\n".join(f"| `{cell(c.usage)}` | {cell(c.help)} |" for c in COMMANDS)
         await self.note(f"| command | does |\n|---|---|\n{rows}\n\n{KEYS_HELP}")

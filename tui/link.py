@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import httpx
 
-from lingcode.client import APIError, Client, Daemon, DaemonError, ensure_daemon, is_healthy, read_daemon_file
+from lingcode.client import ErrorResponse, Client, Daemon, DaemonError, ensure_daemon, is_healthy, read_daemon_file
 
 START_AFTER_S = 3.0  # no daemon.json for this long: start a daemon ourselves
 
@@ -52,7 +52,7 @@ class DaemonLink:
                     try:
                         await self._use(daemon)
                         return
-                    except (APIError, httpx.HTTPError, LookupError, ValueError) as e:  # still starting, or odd
+                    except (ErrorResponse, httpx.HTTPError, LookupError, ValueError) as e:  # still starting, or odd
                         on_progress(f"the daemon at {daemon.url} answered, but not yet usefully: {e}")
             elif self.autostart:
                 missing_since = missing_since or loop.time()

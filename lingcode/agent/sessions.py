@@ -45,7 +45,7 @@ class Session:
     turns: int = 0
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
-    busy: bool = False  # a turn is running (one at a time)
+    busy: str | None = None  # the request id of the turn running (one at a time)
 
     def expired(self, now: float) -> bool:
         return not self.busy and now - self.last_used > self.idle_timeout_s

@@ -13,7 +13,9 @@ so that what the model sees of earlier calls looks like what it writes.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 import jinja2
 import jinja2.meta
@@ -68,16 +70,20 @@ def template_takes_tools(template: str | None) -> bool:
 
 
 def render_prompt(info: ModelInfo, family: Family, messages: list[dict], tools: list[Tool],
-                  add_generation_prompt: bool = True) -> str:  # fmt: skip
-    """The prompt text for these messages and tools (raises TemplateError for bad messages)."""
+                  add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> str:  # fmt: skip
+    """The prompt text for these messages and tools (raises TemplateError for bad messages).
+
+    `template_kwargs` are extra template variables (lingcode.agent.thinking: enable_thinking, ...).
+    """
+    extra = dict(template_kwargs or {})
     if tools and template_takes_tools(info.chat_template):
         return render_chat(info.chat_template, [_with_object_arguments(m) for m in messages],
                            add_generation_prompt=add_generation_prompt, bos_token=info.bos_token,
-                           eos_token=info.eos_token, tools=[t.openai() for t in tools])  # fmt: skip
+                           eos_token=info.eos_token, tools=[t.openai() for t in tools], **extra)  # fmt: skip
     if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = _as_plain_chat(messages, family, tools)
     return render_chat(info.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                       bos_token=info.bos_token, eos_token=info.eos_token)  # fmt: skip
+                       bos_token=info.bos_token, eos_token=info.eos_token, **extra)  # fmt: skip
 
 
 def tool_system_block(family: Family, tools: list[Tool]) -> str:

@@ -21,12 +21,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from lingcode.bench import source_commit
-from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and jinja2 are imported where they are used: `lingcode --help` builds this command's options from here.
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,10 +62,14 @@ def _code_sample(lines: int = 40) -> str:
 
 
 def workload_requests(name: str, tokenizer, chat_template: str, n: int, max_tokens: int) -> list[Request]:
+    from lingcode.text.chat_template import render_chat
+
     def chat(text: str) -> list[int]:
         return tokenizer.encode(render_chat(chat_template, [{"role": "user", "content": text}]))
 
     if name == "random":  # random prompt tokens, a fixed number of output tokens
+        import torch
+
         gen = torch.Generator().manual_seed(0)
         return [Request(torch.randint(100, 40000, (512,), generator=gen).tolist(), max_tokens, True) for _ in range(n)]
     if name == "chat":
@@ -152,6 +159,8 @@ class TransformersRunner:
         self.name = f"transformers-{cache}"
 
     def _generate(self, ids: torch.Tensor, n: int) -> float:
+        import torch
+
         kwargs = {"cache_implementation": "static"} if self.cache == "static" else {}
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -162,6 +171,8 @@ class TransformersRunner:
         return (time.perf_counter() - start) * 1e3
 
     def run(self, request: Request) -> tuple[float, float | None, int, float | None]:
+        import torch
+
         ids = torch.tensor([request.input_ids], device=self.device)
         with torch.inference_mode():
             if self.cache == "static":  # untimed: a new prompt or cache length compiles (transformers
@@ -205,13 +216,15 @@ class Report:
     hardware: str
     date: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     commit: str = ""
-    torch: str = torch.__version__
+    torch: str = field(default_factory=lambda: __import__("torch").__version__)
     load_s: dict = field(default_factory=dict)
     summary: list[dict] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
 
 
 def hardware(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (1 GPU)"
     cpu = platform.processor() or platform.machine()
@@ -285,6 +298,8 @@ def plot(results: list[Result], path: Path) -> bool:
 
 
 def run(args) -> int:
+    import torch
+
     from lingcode import models
     from lingcode.engine.local import load_engine
     from lingcode.engine.local.engine import pick_device

@@ -30,11 +30,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
-
-import httpx
+from typing import TYPE_CHECKING, Callable
 
 from lingcode.bench import source_commit
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx is imported where it is used: `lingcode --help` builds this command's options from here.
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,6 +94,8 @@ class Soak:
     def __init__(self, url: str, token: str, config: SoakConfig, say: Callable[[str], None] = lambda _: None):
         self.config = config
         self.say = say
+        import httpx
+
         self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=300)
         self.report = SoakReport(config=asdict(config), url=url)
         self.counts = dict.fromkeys(("agent_turns", "completions", "cancelled_mid_stream", "cancelled_queued"), 0)
@@ -126,6 +131,8 @@ class Soak:
         return self.report
 
     def _turn(self, turn: int) -> None:
+        import httpx
+
         try:
             if self.config.queued_cancel_every and turn % self.config.queued_cancel_every == self.config.queued_cancel_every - 1:
                 self._cancel_while_queued(turn)
@@ -178,6 +185,8 @@ class Soak:
 
     def _cancel_while_queued(self, turn: int) -> None:
         """A long stream holds the engine; an editor completion waits behind it, and its client gives up."""
+        import httpx
+
         messages = self._agent_messages(turn)
         body = {"messages": messages, "max_tokens": 2 * self.config.max_tokens, "ignore_eos": True, "stream": True,
                 "temperature": 0}  # fmt: skip

@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from lingcode.completion.prompt import split_trailing_whitespace
+
 OPENERS = (":", "{", "(", "[")
 CLOSERS = ("}", ")", "]")
 
@@ -33,6 +35,40 @@ def _last_nonblank_line(text: str) -> str:
 def indentation(line: str) -> int:
     expanded = line.expandtabs(4)
     return len(expanded) - len(expanded.lstrip(" "))
+
+
+class WhitespaceHeal:
+    """The model's text with the whitespace the cursor already has after it taken off the front.
+
+    The prompt ends before that whitespace (prompt.split_trailing_whitespace), so the model writes
+    it again. Where it writes other whitespace, its lines are matched to the cursor's: more line
+    breaks are kept, and on the cursor's line only indentation beyond the cursor's is kept."""
+
+    def __init__(self, healed: str):
+        self.healed = healed
+        self.pending: str | None = "" if healed else None  # None: done, text passes as it comes
+
+    def feed(self, text: str) -> str:
+        if self.pending is None:
+            return text
+        self.pending += text
+        if not self.pending.strip():
+            return ""  # whitespace so far: what comes next decides
+        return self.flush()
+
+    def flush(self) -> str:
+        if self.pending is None:
+            return ""
+        text, self.pending = self.pending, None
+        rest = text.lstrip()
+        written = text[: len(text) - len(rest)]
+        if written.startswith(self.healed):
+            return written[len(self.healed) :] + rest
+        cursor_lines, lines = self.healed.split("\n"), written.split("\n")
+        if len(lines) > len(cursor_lines):  # line breaks beyond the cursor's: a new line, as written
+            return "\n" * (len(lines) - len(cursor_lines)) + lines[-1] + rest
+        indent, cursor_indent = lines[-1], cursor_lines[-1]
+        return (indent[len(cursor_indent) :] if indent.startswith(cursor_indent) else "") + rest
 
 
 class CutRules:
@@ -59,7 +95,8 @@ class CutRules:
         self.next_line = next((line.strip() for line in below.split("\n") if line.strip()), "")
         self.deadline = None if time_budget_ms is None else clock() + time_budget_ms / 1000
         self.clock = clock
-        self.text = ""  # everything fed so far
+        self.heal = WhitespaceHeal(split_trailing_whitespace(prefix, suffix)[1])
+        self.text = ""  # everything fed so far (the cursor's whitespace taken off)
         self.pos = 0  # text[pos:] is not decided yet
         self.suggestion = ""  # what was decided to be kept
         self.released = 0  # suggestion[:released] has been returned by feed()
@@ -68,13 +105,14 @@ class CutRules:
     # --- the StopMatcher protocol ---------------------------------------------------------------
 
     def feed(self, text: str) -> tuple[str, bool]:
-        self.text += text
+        self.text += self.heal.feed(text)
         while self.reason is None and (end := self.text.find("\n", self.pos)) >= 0:
             self._decide_line(self.text[self.pos : end], complete=True)
         return self._release(final=self.reason is not None), self.reason is not None
 
     def flush(self) -> str:
         """The generation ended (end of sequence, max tokens): the last, unfinished line is kept."""
+        self.text += self.heal.flush()
         if self.reason is None:
             self._decide_line(self.text[self.pos :], complete=False)
         return self._release(final=True)

@@ -17,14 +17,12 @@ User text (code, paths) is tokenized with special tokens as plain text: a file t
 
 from __future__ import annotations
 
-import re
 import string
-import tomllib
 from dataclasses import dataclass
-from functools import cache, lru_cache
-from importlib import resources
+from functools import lru_cache
 
 from lingcode.engine import ModelInfo
+from lingcode.text.families import Family, families, family_for
 
 LINE_STRIDE = 16
 MAX_CHARS_PER_TOKEN = 8  # a generous bound: the first window encoded holds at least the budget
@@ -64,14 +62,6 @@ class Budgets:
     context_tokens: int = 512
 
 
-@dataclass(frozen=True)
-class Family:
-    name: str
-    repo: str | None = None  # header template with {repo}
-    file: str | None = None  # header template with {path}
-    fim: dict[str, str] | None = None  # {"prefix", "suffix", "middle"} tokens
-
-
 @dataclass
 class CompletionPrompt:
     input_ids: list[int]
@@ -90,38 +80,25 @@ class CompletionPrompt:
 # --- families ---------------------------------------------------------------------------------
 
 
-@cache
-def families() -> tuple[tuple[tuple[str, ...], Family], ...]:
-    """(match regexes, Family) for each family of families.toml, in file order; `default` last."""
-    text = resources.files("lingcode").joinpath("data/families.toml").read_text(encoding="utf-8")
-    found = []
-    for name, entry in tomllib.loads(text).items():
-        completion = entry.get("completion", {})
-        fim = entry.get("fim")
-        family = Family(name, completion.get("repo"), completion.get("file"), dict(fim) if fim else None)
-        found.append((tuple(entry.get("match", ())), family))
-    return tuple(found)
-
-
-def family_for(info: ModelInfo) -> Family:
+def completion_family(info: ModelInfo) -> Family:
     """The model's family by name; else the first whose FIM tokens its vocabulary has; else plain."""
-    for match, family in families():
-        if family.name != "default" and any(re.search(m, info.name, re.IGNORECASE) for m in match):
-            return family
+    family = family_for(info)
+    if family.name != "default":
+        return family
     vocab = info.tokenizer
-    for _, family in families():
-        if family.fim and all(vocab.token_to_id(token) is not None for token in family.fim.values()):
-            return Family(family.name, fim=family.fim)
+    for known in families():
+        if known.fim and all(vocab.token_to_id(token) is not None for token in known.fim.values()):
+            return Family(known.name, (), fim=known.fim)
     if info.fim_tokens:
-        return Family("engine", fim=dict(info.fim_tokens))
-    return Family("plain")
+        return Family("engine", (), fim=dict(info.fim_tokens))
+    return Family("plain", ())
 
 
 # --- the prompt -------------------------------------------------------------------------------
 
 
 def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = Budgets()) -> CompletionPrompt:
-    family = family_for(info)
+    family = completion_family(info)
     tok = info.tokenizer
     path = request.path or f"untitled{EXTENSIONS.get((request.language or '').lower(), '')}"
 
@@ -133,17 +110,18 @@ def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = B
             ids += tok.encode_text(values[field]) if field else []
         return ids
 
-    head = header(family.repo, repo=request.repo) if request.repo else []
+    head = header(family.repo_header, repo=request.repo) if request.repo else []
     context: list[int] = []
     used = 0
     for chunk in request.context:
         text = chunk.text if chunk.text.endswith("\n") else chunk.text + "\n"
-        ids = header(family.file, path=chunk.path) + tok.encode_text(text)
+        ids = header(family.file_header, path=chunk.path) + tok.encode_text(text)
         if len(context) + len(ids) <= budgets.context_tokens:
             context += ids
             used += 1
-    prefix_ids, start_line = _prefix_tail(tok, request.prefix, budgets.prefix_tokens)
-    ids = head + context + header(family.file, path=path)
+    typed = split_trailing_whitespace(request.prefix, request.suffix)[0]
+    prefix_ids, start_line = _prefix_tail(tok, typed, budgets.prefix_tokens)
+    ids = head + context + header(family.file_header, path=path)
     suffix_ids: list[int] = []
     if family.fim:
         suffix_ids = _suffix_head(tok, request.suffix, budgets.suffix_tokens)
@@ -157,6 +135,19 @@ def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = B
         suffix_tokens=len(suffix_ids), context_tokens=len(context), context_chunks=used,
         prefix_start_line=start_line,
     )  # fmt: skip
+
+
+def split_trailing_whitespace(prefix: str, suffix: str) -> tuple[str, str]:
+    """(the prefix up to its last non-blank character, the whitespace after it): the prompt ends
+    before that whitespace, and the model writes it with its first tokens (cuts.CutRules takes it off).
+
+    BPE tokenizers join a run of spaces to the word after it (`   ` + ` return`), so a prompt that
+    ends in the whole run makes the model start with one more space; one that ends in a newline
+    is as unlike what the model saw (`\\n   ` is one token). With code right of the cursor (a
+    single-line completion, which ends at its first newline) only the cursor line's are taken."""
+    mid_line = bool(suffix.partition("\n")[0].strip())
+    head = prefix.rstrip(" \t") if mid_line else prefix.rstrip()
+    return head, prefix[len(head) :]
 
 
 def _prefix_tail(tok, prefix: str, budget: int) -> tuple[list[int], int]:

@@ -7,6 +7,9 @@ output ids as fast as its hardware allows.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
@@ -34,7 +37,7 @@ class ContextOverflow(ValueError):
 
 
 class TokenConstraint(Protocol):
-    """Constrained decoding (e.g. an xgrammar matcher for a JSON schema), applied by the engine.
+    """Constrained decoding (e.g. an llguidance matcher for a JSON schema), applied by the engine.
 
     Before each sampled token the engine calls mask_logits() (disallowed tokens to -inf, in place);
     after it, accept(). is_terminated() ends the generation with finish_reason "stop". An engine
@@ -80,6 +83,79 @@ class TokenChunk:
     cached_tokens: int = 0  # of those, reused from the KV cache (not prefilled again)
     # Speculative decoding: mean tokens accepted per verify step, on the last chunk when known.
     spec_accept_length: float | None = None
+
+
+def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
+    """Several chunks of one request as one: their tokens in order, the last one's ending."""
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    return TokenChunk([t for c in chunks for t in c.token_ids], last.finish_reason, last.prompt_tokens,
+                      last.cached_tokens, last.spec_accept_length)  # fmt: skip
+
+
+# How long a worker thread's chunks may wait for the event loop at most, once one is waiting: the
+# loop then reads every chunk that piled up as one, instead of waking for each decode step.
+STREAM_INTERVAL_S = 0.004
+
+
+class ChunkChannel:
+    """From an engine's worker thread to the event loop, without waking the loop for every step.
+
+    The worker put()s each step's chunk. The loop is woken for the first chunk, the last one, an
+    error, and otherwise at most every STREAM_INTERVAL_S; get() returns everything that arrived
+    since the last read, merged into one chunk. At GPU speed (a step in a fraction of a
+    millisecond) the loop's per-chunk work (detokenize, stop strings, parsers, one SSE frame) then
+    runs once per interval, not once per token, and leaves the worker's GIL time alone.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = STREAM_INTERVAL_S):
+        self._loop = loop
+        self._interval_s = interval_s
+        self._items: list = []  # TokenChunks, or one exception
+        self._lock = threading.Lock()
+        self._wake_pending = False
+        self._woken_at = 0.0  # when the loop was last woken (the worker's clock)
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, item: TokenChunk | BaseException) -> None:
+        """Worker thread: hand over a chunk (or the exception that ends the stream)."""
+        now = time.perf_counter()
+        with self._lock:
+            first = not self._items and self._woken_at == 0.0
+            self._items.append(item)
+            urgent = first or not isinstance(item, TokenChunk) or item.finish_reason is not None
+            if self._wake_pending or not (urgent or now - self._woken_at >= self._interval_s):
+                return
+            self._wake_pending, self._woken_at = True, now
+        self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> TokenChunk:
+        """The chunks that arrived since the last get(), as one; raises the worker's exception."""
+        while True:
+            with self._lock:
+                items, self._items = self._items, []
+            if items:
+                break
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        errors = [i for i in items if not isinstance(i, TokenChunk)]
+        chunks = [i for i in items if isinstance(i, TokenChunk)]
+        if errors and not chunks:
+            raise errors[0]
+        if errors:  # deliver what came before the error first; the error on the next read
+            with self._lock:
+                self._items[:0] = errors
+        return merge_chunks(chunks)
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,25 @@
 """What lingcode measures about generation, in Prometheus terms, once for every route and engine.
 
-Every text stream (lingcode.pipeline.generation.generate_text) passes through observe(), which records its
-outcome when it ends: time to first token and time per output token (histograms), tokens accepted
-per speculative step, and whether it finished, was aborted (its client left, or it was cancelled)
-or failed. Queue depth and the engine's and scheduler's counters are read at scrape time
+Every text stream (lingcode.pipeline.generation.generate_text) records its outcome here when it
+ends: time to first token and time per output token (histograms), tokens accepted per
+speculative step, and whether it finished, was aborted (its client left, or it was cancelled) or
+failed. Queue depth and the engine's and scheduler's counters are read at scrape time
 (StatsCollector), so they never drift from stats().
 
 Labels come from two context variables that the HTTP layer sets for each request: the route
 (a path template such as "/v1/chat/completions", never a raw path: bounded cardinality) and the
 request id (for logs). Core code never needs to know which API it is serving.
+
+A third context variable holds the request's Trace: where its time went inside the daemon, stage
+by stage (`lingcode bench daemon` asks for it with the X-Lingcode-Trace header).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from contextlib import aclosing
+import time
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,7 +34,36 @@ if TYPE_CHECKING:
 route: ContextVar[str] = ContextVar("lingcode_route", default="none")
 request_id: ContextVar[str | None] = ContextVar("lingcode_request_id", default=None)
 
-log = logging.getLogger("lingcode.pipeline.generation")
+
+class Trace:
+    """Where one request's time went inside the daemon: seconds per stage, and the event loop's CPU
+    time (thread_time on the loop thread) from the request's start to its last report."""
+
+    __slots__ = ("stages", "report", "started", "_cpu_start")
+
+    def __init__(self, report: bool = False):
+        self.stages: dict[str, float] = {}
+        self.report = report  # the client asked to see it (in `timings.trace`)
+        self.started = time.perf_counter()
+        self._cpu_start = time.thread_time()
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.stages[stage] = self.stages.get(stage, 0.0) + seconds
+
+    def mark(self, point: str) -> None:
+        """The time from the request's arrival to `point`, the first time it is reached."""
+        if point not in self.stages:
+            self.stages[point] = time.perf_counter() - self.started
+
+    def as_dict(self) -> dict[str, float]:
+        ms = {stage: round(seconds * 1e3, 3) for stage, seconds in self.stages.items()}
+        ms["loop_cpu"] = round((time.thread_time() - self._cpu_start) * 1e3, 3)
+        return ms
+
+
+trace: ContextVar[Trace | None] = ContextVar("lingcode_trace", default=None)
+
+log = logging.getLogger("lingcode.generation")  # a log channel clients read: its name stays
 
 # Metrics are created unregistered: each app's registry (registry_for) registers them, so that
 # several apps in one process (tests) share the counts without clashing in a global registry.
@@ -66,32 +97,20 @@ PROMPT_TOKENS = Counter("lingcode_prompt_tokens", "Prompt tokens, cached ones in
 GENERATION_METRICS = (TTFT, TPOT, ACCEPTED, GENERATIONS, ABORTS, ERRORS, GENERATED_TOKENS, PROMPT_TOKENS)
 
 
-async def observe(text: AsyncIterator["TextChunk"], generation_id: str) -> AsyncIterator["TextChunk"]:
-    """Pass a text stream through, recording how it ended. Closing this closes (aborts) `text`."""
-    label = route.get()
-    ended = False
-    try:
-        async with aclosing(text):
-            async for chunk in text:
-                if chunk.finish_reason is not None and not ended:
-                    ended = True
-                    _record_end(label, generation_id, chunk)
-                yield chunk
-    except (GeneratorExit, asyncio.CancelledError):  # the consumer stopped reading, or was cancelled (its
-        if not ended:  # client left) while it waited for the next chunk: nobody will read the rest
-            ABORTS.labels(label).inc()
-            GENERATIONS.labels(label, "abort").inc()
-            log.info("generation %s aborted: the client stopped reading", generation_id,
-                     extra={"generation_id": generation_id, "finish_reason": "abort"})  # fmt: skip
-        raise
-    except Exception as exc:
-        ERRORS.labels(label, type(exc).__name__).inc()
-        log.info("generation %s failed: %s: %s", generation_id, type(exc).__name__, exc,
-                 extra={"generation_id": generation_id, "error": type(exc).__name__})  # fmt: skip
-        raise
+def record_abort(label: str, generation_id: str) -> None:
+    ABORTS.labels(label).inc()
+    GENERATIONS.labels(label, "abort").inc()
+    log.info("generation %s aborted: the client stopped reading", generation_id,
+             extra={"generation_id": generation_id, "finish_reason": "abort"})  # fmt: skip
 
 
-def _record_end(label: str, generation_id: str, chunk: "TextChunk") -> None:
+def record_error(label: str, generation_id: str, exc: Exception) -> None:
+    ERRORS.labels(label, type(exc).__name__).inc()
+    log.info("generation %s failed: %s: %s", generation_id, type(exc).__name__, exc,
+             extra={"generation_id": generation_id, "error": type(exc).__name__})  # fmt: skip
+
+
+def record_end(label: str, generation_id: str, chunk: "TextChunk") -> None:
     GENERATIONS.labels(label, chunk.finish_reason).inc()
     if chunk.finish_reason == "abort":
         ABORTS.labels(label).inc()

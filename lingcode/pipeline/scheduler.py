@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import OrderedDict
 from contextlib import aclosing
 from enum import IntEnum
 from typing import AsyncIterator
 
 from lingcode.engine import Engine, EngineUnavailable, SamplingParams, TokenChunk
+from lingcode.pipeline import metrics
 
 
 class Priority(IntEnum):
@@ -82,8 +84,12 @@ class Scheduler:
         if latest_wins is not None:
             await self._supersede(latest_wins, request_id)
         finished = acquired = False
+        waited_from = time.perf_counter()
         try:
-            if not await self._acquire(request_id, priority):
+            got_slot = await self._acquire(request_id, priority)
+            if (trace := metrics.trace.get()) is not None:
+                trace.add("queue", time.perf_counter() - waited_from)
+            if not got_slot:
                 if self._closing is not None:
                     raise EngineUnavailable(self._closing)
                 yield TokenChunk([], "abort")  # cancelled while waiting: it never reached the engine

@@ -1,26 +1,43 @@
-"""One assistant turn: the text stream, split into reasoning, answer and tool calls, as events.
+"""One turn of the model, for every API: a Turn goes in, lists of events come out.
 
-Every agent-facing API (OpenAI chat completions, Anthropic Messages, OpenAI Responses, sessions)
-runs its generation through run_turn() and only shapes the events for its wire format:
+Every API (OpenAI chat and completions, Anthropic Messages, Responses, sessions, the editor's
+completions) converts its request into a Turn and shapes the events for its wire format:
 
-    Reasoning(text)  Content(text)  CallStart(index, id, name)  CallArgs(index, fragment)  ...  TurnEnd
+    TurnStart(prompt_tokens, cached_tokens)  Reasoning(text)  Content(text)
+    CallStart(index, id, name)  CallArgs(index, fragment)  ...  TurnEnd
 
-The last event, TurnEnd, also carries the whole turn (content, reasoning, tool calls, usage,
-timing, the generated token ids), so a non-streamed response is the same turn, folded.
+run_turn() yields one list of events per text chunk, and a chunk is whatever the engine produced
+since the reader last looked (often several steps' tokens at GPU speed): so the parsers run once
+per chunk and an API writes one SSE frame per list. The last list ends with TurnEnd, which also
+carries the whole turn (content, reasoning, tool calls, usage, timing, the generated token ids),
+so a non-streamed response is the same turn, folded; except that where a family gives output
+that is all reasoning as the answer (Ling-3.0), TurnEnd has it as the content alone, while the
+stream had it as reasoning and then as content (as SGLang does).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from lingcode.engine import ModelInfo, SamplingParams, TokenConstraint
-from lingcode.text.families import Family
-from lingcode.pipeline.generation import Timing, Usage, generate_text
 from lingcode.agent.reasoning import ReasoningSplitter
-from lingcode.pipeline.scheduler import Scheduler
 from lingcode.agent.tool_parsers import CallArgs, CallStart, Text, Tool, ToolCall, make_parser, tool_call_grammar
+from lingcode.engine import ModelInfo, SamplingParams, TokenConstraint
+from lingcode.pipeline import metrics
+from lingcode.pipeline.generation import TextCut, Timing, Usage, generate_text
+from lingcode.pipeline.scheduler import Priority, Scheduler
+from lingcode.text.families import Family
+
+
+@dataclass
+class TurnStart:
+    """The request reached the engine: its prompt, and how much of it came from the KV cache."""
+
+    prompt_tokens: int
+    cached_tokens: int
 
 
 @dataclass
@@ -45,7 +62,7 @@ class TurnEnd:
     stop_string: str | None = None  # the stop string that ended the turn, if one did
 
 
-TurnEvent = Content | Reasoning | CallStart | CallArgs | TurnEnd
+TurnEvent = TurnStart | Content | Reasoning | CallStart | CallArgs | TurnEnd
 
 
 @dataclass(frozen=True)
@@ -58,9 +75,9 @@ class ToolChoice:
 
 @dataclass(frozen=True)
 class TurnSpec:
-    """What a turn needs besides its prompt: the model's family, the tools and how to treat them."""
+    """How to read the output: the model's family (None: plain text), the tools and how to treat them."""
 
-    family: Family
+    family: Family | None = None
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True
@@ -79,76 +96,185 @@ class TurnSpec:
         return list(self.tools)
 
 
+@dataclass
+class Turn:
+    """What an API hands the pipeline: the prompt's ids, how to sample, and how to read the output."""
+
+    request_id: str
+    input_ids: list[int]
+    params: SamplingParams
+    spec: TurnSpec = TurnSpec()
+    stop: Sequence[str] = ()
+    cut: TextCut | None = None  # where the text ends besides stop strings (editor completions)
+    priority: Priority = Priority.NORMAL
+    latest_wins: str | None = None  # a key: a newer turn with the same key cancels this one
+    stop_loops: bool = False  # end the turn if the output falls into a loop (the client set no max_tokens)
+
+
 def starts_in_reasoning(family: Family, prompt: str) -> bool:
     return family.reasoning is not None and prompt.rstrip().endswith(family.reasoning.start)
 
 
-def tool_constraint(info: ModelInfo, spec: TurnSpec) -> TokenConstraint | None:
-    """An xgrammar constraint for required / named tool choice; None when the model chooses freely."""
+# --- constrained decoding ---------------------------------------------------------------------
+
+
+def build_constraint(info: ModelInfo, spec: TurnSpec, json_format: tuple[str, dict | None] | None,
+                     cancel: threading.Event | None = None) -> TokenConstraint | None:  # fmt: skip
+    """The grammar a turn needs: a forced tool call, else a JSON response format, else none.
+
+    json_format: None, ("json", None) for any JSON object, ("json_schema", schema). Compiling can
+    take a while, so callers run this off the event loop; setting `cancel` drops the compile
+    (lingcode.agent.grammar.GrammarCancelled).
+    """
+    from lingcode.agent.grammar import constraint
+
     tools = spec.forced_tools()
-    if tools is None:
+    if tools is not None:
+        grammar = tool_call_grammar(spec.family.tool_parser, tools, spec.parallel_tool_calls)
+        return constraint(info.tokenizer, info.eos_token_ids, "lark", grammar, cancel=cancel)
+    if json_format is None:
         return None
-    from lingcode.agent.grammar import constraint
-
-    tag = tool_call_grammar(spec.family.tool_parser, tools, spec.parallel_tool_calls)
-    return constraint(info.tokenizer, info.eos_token_ids, "structural_tag", tag)
+    kind, schema = json_format
+    return constraint(info.tokenizer, info.eos_token_ids, kind, schema, cancel=cancel)
 
 
-def json_constraint(info: ModelInfo, schema: dict | None) -> TokenConstraint:
-    """Any JSON object (schema None) or JSON valid against the schema."""
-    from lingcode.agent.grammar import constraint
-
-    if schema is None:
-        return constraint(info.tokenizer, info.eos_token_ids, "json")
-    return constraint(info.tokenizer, info.eos_token_ids, "json_schema", schema)
+# --- the turn ---------------------------------------------------------------------------------
 
 
-async def run_turn(
-    scheduler: Scheduler,
-    info: ModelInfo,
-    request_id: str,
-    input_ids: list[int],
-    params: SamplingParams,
-    spec: TurnSpec,
-    stop: Sequence[str] = (),
-) -> AsyncIterator[TurnEvent]:
-    """Stream one turn's events. Closing this iterator early aborts the request in the engine."""
-    reasoning_tags = spec.family.reasoning
-    splitter = ReasoningSplitter(reasoning_tags, spec.starts_in_reasoning) if reasoning_tags else None
-    parser = make_parser(spec.family.tool_parser, list(spec.tools)) if spec.parses_tools else None
+async def run_turn(scheduler: Scheduler, info: ModelInfo, turn: Turn) -> AsyncIterator[list[TurnEvent]]:
+    """Stream one turn's events, a list per text chunk. Closing this iterator early aborts the request."""
+    spec = turn.spec
+    family = spec.family
+    splitter = ReasoningSplitter(family.reasoning, spec.starts_in_reasoning) if family and family.reasoning else None
+    parser = _CallFilter(make_parser(family.tool_parser, list(spec.tools))) if family and spec.parses_tools else None
     content: list[str] = []
     thought: list[str] = []
 
-    def split(reasoning: str, answer: str) -> list[TurnEvent]:
+    def read(reasoning: str, answer: str) -> list[TurnEvent]:
         events: list[TurnEvent] = [Reasoning(reasoning)] if reasoning else []
-        parsed = parser.feed(answer) if parser else ([Text(answer)] if answer else [])
-        return events + [Content(e.text) if isinstance(e, Text) else e for e in parsed]
+        if parser is None:
+            return events + [Content(answer)] if answer else events
+        return events + parser.feed(answer)
 
-    def finish() -> list[TurnEvent]:
-        events = split(*splitter.finish()) if splitter else []
-        if parser:
-            events += [Content(e.text) if isinstance(e, Text) else e for e in parser.finish()]
-        return events
-
-    async with aclosing(generate_text(scheduler, info.tokenizer, request_id, input_ids, params, stop)) as chunks:
+    text = generate_text(scheduler, info.tokenizer, turn.request_id, turn.input_ids, turn.params, turn.stop,
+                         cut=turn.cut, priority=turn.priority, latest_wins=turn.latest_wins,
+                         stop_loops=turn.stop_loops)  # fmt: skip
+    started = False
+    trace = metrics.trace.get() or metrics.Trace()
+    async with aclosing(text) as chunks:
         async for chunk in chunks:
-            events = split(*splitter.feed(chunk.text)) if splitter else split("", chunk.text)
-            if chunk.finish_reason is not None:
-                events += finish()
+            parsing = time.perf_counter()
+            events: list[TurnEvent] = []
+            if not started:
+                started = True
+                events.append(TurnStart(len(turn.input_ids), chunk.cached_tokens))
+            events += read(*splitter.feed(chunk.text)) if splitter else read("", chunk.text)
+            finish_reason = chunk.finish_reason
+            if finish_reason is None and parser is not None and parser.repeated:
+                finish_reason = "stop"  # the model began a call it had already made: the turn is over
+            if finish_reason is not None:
+                if splitter:
+                    events += read(*splitter.finish(finish_reason != "abort"))
+                if parser:
+                    events += parser.finish()
             for event in events:
                 if isinstance(event, Content):
                     content.append(event.text)
                 elif isinstance(event, Reasoning):
                     thought.append(event.text)
-                yield event
-            if chunk.finish_reason is not None:
-                calls = parser.calls if parser else []
-                finish_reason = chunk.finish_reason
-                if calls and finish_reason == "stop":
-                    finish_reason = "tool_calls"
-                text = "".join(content)
-                if calls and not text.strip():
-                    text = ""  # only the separators around the calls
-                yield TurnEnd(finish_reason, text, "".join(thought), calls, chunk.usage, chunk.timing,
-                              chunk.output_ids or [], chunk.stop_string)  # fmt: skip
-                return
+            trace.add("parse", time.perf_counter() - parsing)
+            if finish_reason is None:
+                if events:
+                    yield events
+                continue
+            calls = parser.calls if parser else []
+            if calls and finish_reason == "stop":
+                finish_reason = "tool_calls"
+            answer, reasoning = "".join(content), "".join(thought)
+            if calls and not answer.strip():
+                answer = ""  # only the separators around the calls
+            if splitter and splitter.answer_is_reasoning:  # the whole reply's view (see agent/reasoning.py)
+                answer, reasoning = splitter.reasoning, ""
+            events.append(TurnEnd(finish_reason, answer, reasoning, calls, chunk.usage, chunk.timing,
+                                  chunk.output_ids or [], chunk.stop_string))  # fmt: skip
+            yield events
+            return
+
+
+class _CallFilter:
+    """A tool parser's events, as Content / call events, with two rules on top:
+
+    - markup of an unfinished call is never text: a stream that ends inside `<tool_call>` before
+      the call's name arrived yields nothing for it;
+    - a call that repeats the one before it (same name, same arguments) is not a second call: its
+      events are held while it matches the previous call so far, and if it completes identical it
+      is dropped and the turn ends (small models asked to call a tool repeat the call until the
+      token limit; agents would run it twice). A call that differs is released as soon as it does.
+    """
+
+    def __init__(self, parser):
+        self.parser = parser
+        self.held: list = []  # events of a call that so far repeats the previous one
+        self.repeated = False  # a complete repeat was dropped: the turn should end
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return self.parser.calls[: len(self.parser.calls) - (1 if self.repeated else 0)]
+
+    def feed(self, text: str) -> list[TurnEvent]:
+        return self._filter(self.parser.feed(text), done=False) if not self.repeated else []
+
+    def finish(self) -> list[TurnEvent]:
+        if self.repeated:
+            return []
+        return self._filter(self.parser.finish(), done=True)
+
+    def _filter(self, events: list, done: bool) -> list[TurnEvent]:
+        out: list[TurnEvent] = []
+        for event in events:
+            if isinstance(event, Text):
+                out += self._release()
+                out.append(Content(event.text))
+            elif isinstance(event, CallStart):
+                out += self._release()
+                self.held = [event] if event.index > 0 else []
+                if not self.held:
+                    out.append(event)
+            elif self.held:
+                self.held.append(event)
+            else:
+                out.append(event)
+            out += self._check()
+        if self.held and self._complete():  # the closing tag may come in a feed with no event of its own
+            if self._same_as_previous():
+                self._drop()
+                return out
+            out += self._release()
+        if self.held and done:
+            out += self._release()
+        return out
+
+    def _check(self) -> list[TurnEvent]:
+        """Release the held call once it differs from the previous one."""
+        if not self.held:
+            return []
+        calls = self.parser.calls
+        current, previous = calls[-1], calls[-2]
+        if current.name != previous.name or not previous.arguments.startswith(current.arguments):
+            return self._release()
+        return []
+
+    def _complete(self) -> bool:
+        return self.parser.body is None  # the call's closing tag arrived
+
+    def _same_as_previous(self) -> bool:
+        calls = self.parser.calls
+        return calls[-1].name == calls[-2].name and calls[-1].arguments == calls[-2].arguments
+
+    def _drop(self) -> None:
+        self.held = []
+        self.repeated = True
+
+    def _release(self) -> list[TurnEvent]:
+        held, self.held = self.held, []
+        return held

@@ -1,2 +1,3 @@
-"""Text in and out of the model: tokenizer, chat templates, incremental detokenization, stop
-strings, and the model families' facts (lingcode/data/families.toml)."""
+"""Text in and out of the model: the tokenizer, chat templates, and the model families' facts
+(lingcode/data/families.toml). Detokenizing and stop strings live with the text stream
+(lingcode.pipeline.generation)."""

@@ -1,4 +1,5 @@
-"""Model families: which tool-call format, reasoning tags and FIM tokens a model uses.
+"""Model families: which tool-call format, reasoning tags, FIM tokens, completion headers and
+sampling defaults a model uses.
 
 The facts are data (lingcode/data/families.toml), matched against what the engine says about the
 model, so supporting a new family is a TOML edit, not code.
@@ -20,6 +21,17 @@ class Reasoning:
     start: str
     end: str
     also_ends_at: tuple[str, ...] = ()
+    nonempty_content: bool = False  # output that is all reasoning is also the answer (lingcode.agent.reasoning)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for the sampling fields it leaves out (the model card's recommendation)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = None  # a chat answer's length when the client sets none (None: the context's rest)
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,10 @@ class Family:
     tool_parser: str = "hermes"
     reasoning: Reasoning | None = None
     fim: dict[str, str] | None = field(default=None, compare=False)
+    # editor completion headers: written once with {repo}, and before each file with {path}
+    repo_header: str | None = None
+    file_header: str | None = None
+    defaults: Defaults = Defaults()
 
     def matches(self, *texts: str) -> bool:
         return any(re.search(p, t, re.IGNORECASE) for p in self.match for t in texts if t)
@@ -40,13 +56,17 @@ def families() -> tuple[Family, ...]:
     out = []
     for name, entry in data.items():
         reasoning = entry.get("reasoning")
+        completion = entry.get("completion", {})
         out.append(Family(
             name=name,
             match=tuple(entry.get("match", ())),
             tool_parser=entry.get("tool_parser", "hermes"),
-            reasoning=Reasoning(reasoning["start"], reasoning["end"], tuple(reasoning.get("also_ends_at", ())))
-            if reasoning else None,
-            fim=entry.get("fim"),
+            reasoning=Reasoning(reasoning["start"], reasoning["end"], tuple(reasoning.get("also_ends_at", ())),
+                                reasoning.get("nonempty_content", False)) if reasoning else None,
+            fim=dict(entry["fim"]) if entry.get("fim") else None,
+            repo_header=completion.get("repo"),
+            file_header=completion.get("file"),
+            defaults=Defaults(**entry.get("defaults", {})),
         ))  # fmt: skip
     return tuple(out)
 

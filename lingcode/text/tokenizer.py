@@ -7,6 +7,8 @@ Hugging Face directory carries tokenizer.json. Either way nothing is fetched fro
 from __future__ import annotations
 
 import json
+import re
+from collections import OrderedDict
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -37,16 +39,28 @@ def _pre_tokenizer(pre: str):
     raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}")
 
 
+PIECE_CACHE_CHARS = 4_000_000  # text kept by encode()'s cache of pieces between added tokens
+
+
 class Tokenizer:
     """Text <-> token ids. Special-token text in the input (e.g. <|im_start|>) becomes its id."""
 
     def __init__(self, hf: HFTokenizer):
         self.hf = hf
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
-        self.special_ids = frozenset(
-            i for i, tok in hf.get_added_tokens_decoder().items() if tok.special
-        )
+        added = hf.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
         self._plain: HFTokenizer | None = None  # built on first encode_text()
+        # The tokenizer splits its input at added tokens (<|im_start|>, ...) before anything else, so
+        # the pieces between them encode independently: encode() remembers pieces it has seen (a
+        # chat's earlier messages, resent every turn). Only where that split is plain: added tokens
+        # that match their exact text, with no whitespace stripping around them.
+        plain = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())
+        self._added_ids = {t.content: i for i, t in added.items()}
+        names = sorted(self._added_ids, key=len, reverse=True)  # leftmost, then longest, as the tokenizer matches
+        self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if plain and names else None
+        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self._piece_chars = 0
 
     @classmethod
     def from_gguf_fields(cls, fields: dict) -> "Tokenizer":
@@ -74,7 +88,29 @@ class Tokenizer:
         return cls(HFTokenizer.from_file(str(path)))
 
     def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
+        if self._split is None:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        ids: list[int] = []
+        for i, piece in enumerate(self._split.split(text)):
+            if i % 2:  # an added token
+                ids.append(self._added_ids[piece])
+            elif piece:
+                ids += self._piece(piece)
+        return ids
+
+    def _piece(self, text: str) -> list[int]:
+        cached = self._pieces.get(text)
+        if cached is not None:
+            self._pieces.move_to_end(text)
+            return cached
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if len(text) >= 64:  # short pieces cost less to encode than to remember
+            self._pieces[text] = ids
+            self._piece_chars += len(text)
+            while self._piece_chars > PIECE_CACHE_CHARS:
+                old, _ = self._pieces.popitem(last=False)
+                self._piece_chars -= len(old)
+        return ids
 
     def encode_text(self, text: str) -> list[int]:
         """Like encode(), but special-token text stays text: for user content (a file that

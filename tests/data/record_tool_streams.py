@@ -1,7 +1,7 @@
 """Record real tool-call streams from the default model into tool_streams.json (run by hand).
 
 Each record is the text of every streamed chunk, exactly as lingcode.pipeline.generation.generate_text
-yielded it while SmolLM2-135M-Instruct answered, constrained to call the tools (xgrammar), or
+yielded it while SmolLM2-135M-Instruct answered, constrained to call the tools (llguidance), or
 free. The expected calls are read from the whole text by a regex and json.loads, independently of
 the incremental parsers that tests/test_tool_parsers.py then runs over the chunks.
 

@@ -14,6 +14,7 @@ Formats (chosen per model family in lingcode/data/families.toml):
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 
@@ -134,8 +135,9 @@ class ToolParser:
             events = self._after_calls(self.buffer)
         else:
             self.body += self.buffer
-            # A call cut off by max_tokens is what arrived of it; a body that named no function, text.
-            events = self._cut_off() if self.started else _text(self.OPEN + self.body)
+            # A call cut off by max_tokens is what arrived of it. Markup of a call that never named its
+            # function is no text: the client would show `<tool_call>{"` as the answer.
+            events = self._cut_off() if self.started else []
         self.buffer, self.body = "", None
         return events
 
@@ -192,9 +194,40 @@ def make_parser(name: str, tools: list[Tool]) -> ToolParser:
     return parsers[name](tools)
 
 
-def tool_call_grammar(name: str, tools: list[Tool], parallel: bool) -> dict:
-    """An xgrammar structural tag (as a dict) that admits only well-formed calls of these tools."""
-    from lingcode.agent.tool_parsers.hermes import structural_tag as hermes_tag
-    from lingcode.agent.tool_parsers.ling3 import structural_tag as ling3_tag
+def tool_call_grammar(name: str, tools: list[Tool], parallel: bool) -> str:
+    """A Lark grammar (llguidance's dialect) that admits only well-formed calls of these tools."""
+    from lingcode.agent.tool_parsers.hermes import tool_call_grammar as hermes_grammar
+    from lingcode.agent.tool_parsers.ling3 import tool_call_grammar as ling3_grammar
 
-    return {"hermes": hermes_tag, "ling3": ling3_tag}[name](tools, parallel)
+    return {"hermes": hermes_grammar, "ling3": ling3_grammar}[name](tools, parallel)
+
+
+# JSON in a grammar is written as json.dumps writes it (what models saw, what the parsers read):
+# llguidance's options, in a schema's "x-guidance" or as a compile's defaults.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def closed(schema):
+    """The schema with objects that list properties closed to others unless they say otherwise
+    (additionalProperties false), as OpenAI's strict mode and xgrammar read schemas: the model
+    writes the arguments a tool declares, not whatever else it may think of."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) if key in _SUBSCHEMAS else value for key, value in schema.items()}
+    if "properties" in out:
+        out["properties"] = {name: closed(value) for name, value in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    for key in ("$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(value) for name, value in out[key].items()}
+    return out
+
+
+_SUBSCHEMAS = ("items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties", "not", "if", "then", "else")
+
+
+def lark_literal(text: str) -> str:
+    """text as a Lark string literal."""
+    return json.dumps(text)

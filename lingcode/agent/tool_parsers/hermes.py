@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from lingcode.agent.tool_parsers import Event, Tool, ToolParser, _text
+from lingcode.agent.tool_parsers import JSON_STYLE, Event, Tool, ToolParser, _text, closed, lark_literal
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=[^\s"])')
 _HELD = re.compile(r"\s*(\}\s*)?$")  # could still be the end of the outer object
@@ -60,18 +60,19 @@ class HermesParser(ToolParser):
         return self._args(self.body[self.args_at + self.sent :])
 
 
-def structural_tag(tools: list[Tool], parallel: bool) -> dict:
-    """Calls of these tools only, one or more (one if not parallel), with schema-valid arguments."""
+def tool_call_grammar(tools: list[Tool], parallel: bool) -> str:
+    """Calls of these tools only, one or more (one if not parallel), with schema-valid arguments (Lark)."""
     call = {
         "anyOf": [
             {"type": "object",
-             "properties": {"name": {"const": t.name}, "arguments": t.parameters or {"type": "object"}},
+             "properties": {"name": {"const": t.name}, "arguments": closed(t.parameters or {"type": "object"})},
              "required": ["name", "arguments"], "additionalProperties": False}
             for t in tools
-        ]
+        ],
+        "x-guidance": JSON_STYLE,
     }  # fmt: skip
-    tag = {"type": "tag", "begin": HermesParser.OPEN,
-           "content": {"type": "json_schema", "json_schema": call, "max_whitespace_cnt": 1}, "end": HermesParser.CLOSE}  # fmt: skip
-    return {"type": "structural_tag",
-            "format": {"type": "tags_with_separator", "tags": [tag], "separator": "\n", "at_least_one": True,
-                       "stop_after_first": not parallel}}  # fmt: skip
+    return "\n".join([
+        'start: call ("\\n" call)*' if parallel else "start: call",
+        f"call: {lark_literal(HermesParser.OPEN)} body {lark_literal(HermesParser.CLOSE)}",
+        f"body: %json {json.dumps(call)}",
+    ])  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from lingcode.agent.tool_parsers import Event, Tool, ToolParser, _text
+from lingcode.agent.tool_parsers import JSON_STYLE, Event, Tool, ToolParser, _text, closed, lark_literal
 
 _NAME_END = re.compile(r"\n|<arg_key>")
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
@@ -72,15 +72,38 @@ class Ling3Parser(ToolParser):
             return text
 
 
-def structural_tag(tools: list[Tool], parallel: bool) -> dict:
-    """One tag per tool (`<tool_call>NAME\\n` ... `</tool_call>`), arguments in GLM's XML style."""
-    tags = [
-        {"type": "tag", "begin": f"{Ling3Parser.OPEN}{t.name}\n",
-         "content": {"type": "json_schema", "json_schema": t.parameters or {"type": "object"}, "style": "glm_xml",
-                     "max_whitespace_cnt": 1},
-         "end": Ling3Parser.CLOSE}
-        for t in tools
-    ]  # fmt: skip
-    return {"type": "structural_tag",
-            "format": {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
-                       "stop_after_first": not parallel}}  # fmt: skip
+def tool_call_grammar(tools: list[Tool], parallel: bool) -> str:
+    """One rule per tool (`<tool_call>NAME\\n` ... `</tool_call>`), arguments in GLM's XML style (Lark):
+    the declared properties in schema order, the required ones present; a string is raw text up to
+    </arg_value>, any other value JSON valid against its schema. At most one whitespace character
+    between the tags."""
+    rules = ['start: call ("\\n" call)*' if parallel else "start: call",
+             "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+             "ws: /[ \\n\\r\\t]/",
+             'text[stop="</arg_value>"]: /(?s:.*)/',  # the stop string is consumed with the text
+             'any_key: /[a-zA-Z_][a-zA-Z0-9_]*/']  # fmt: skip
+    for i, tool in enumerate(tools):
+        schema = tool.parameters or {"type": "object"}
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        pairs = []
+        for j, (key, declared) in enumerate(properties.items()):
+            rules.append(f"value_{i}_{j}: " + _value_rule(declared))
+            pair = f'ws? "<arg_key>" {lark_literal(key)} "</arg_key>" ws? "<arg_value>" value_{i}_{j}'
+            pairs.append(pair if key in required else f"({pair})?")
+        if not properties:  # free-form arguments: any keys, text values
+            pairs.append('(ws? "<arg_key>" any_key "</arg_key>" ws? "<arg_value>" text)*')
+        head = lark_literal(f"{Ling3Parser.OPEN}{tool.name}\n")
+        rules.append(f"call_{i}: {head} {' '.join(pairs)} ws? {lark_literal(Ling3Parser.CLOSE)}")
+    return "\n".join(rules)
+
+
+def _value_rule(declared: dict) -> str:
+    """A value up to and including </arg_value>: raw text for a string (one of its enum's, if it has
+    one; a pattern or format is not checked in raw text), JSON valid against its schema otherwise."""
+    options = declared.get("enum") or ([declared["const"]] if "const" in declared else [])
+    if options and all(isinstance(v, str) for v in options):
+        return "(" + " | ".join(lark_literal(v) for v in options) + ') "</arg_value>"'
+    if declared.get("type") == "string":
+        return "text"
+    return f'%json {json.dumps({**closed(declared), "x-guidance": JSON_STYLE})} "</arg_value>"'

@@ -2,8 +2,8 @@
 lingcode::decode_attention (cpu_attention.cpp, a torch op: decode/verify attention over the f16
 KV cache) and the native forward step (cpu_step.cpp, a Python class: the whole model in one call).
 
-Built the first time it is asked for (~1 min on 2 cores) into lingcode's cache directory, under a
-name that hashes the sources, the flags, torch's version and the CPU (the build is -march=native),
+Built the first time it is asked for (~1 min on 2 cores) into lingcode's cache directory
+(paths.native_dir()), under a name that hashes the sources, the flags, torch's version and the CPU (the build is -march=native),
 then imported from there by every later process with no build step and no lock. Where it cannot be
 built (no compiler, no ninja) or is switched off (LINGCODE_CPU_NATIVE=0), `load()` logs why once
 and returns None: the engine then runs torch's kernels with an f32 KV cache.
@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-import platformdirs
 import torch
+
+from lingcode import paths
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def build_directory() -> Path:
     for part in (*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(compiler_flags()).encode(),
                  torch.__version__.encode(), platform.machine().encode(), _cpu_flags().encode()):  # fmt: skip
         key.update(part + b"\0")
-    return Path(platformdirs.user_cache_dir("lingcode")) / "cpu_native" / key.hexdigest()[:16]
+    return paths.native_dir() / "cpu_native" / key.hexdigest()[:16]
 
 
 def _cpu_flags() -> str:

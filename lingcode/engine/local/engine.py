@@ -2,8 +2,8 @@
 
 The decode loop runs on one worker thread (torch releases the GIL inside its kernels), so the
 daemon's event loop stays free to accept requests and aborts while a request runs. Tokens go
-back to the loop one chunk per step; an abort is checked between steps, so it takes effect
-within one step.
+back to the loop through a ChunkChannel (what piled up since the loop last looked, as one
+chunk); an abort is checked between steps, so it takes effect within one step.
 
 Prefix reuse: the KV cache keeps the tokens it was last fed. A request whose input starts with
 them prefills only the rest, which is what makes a chat's next turn (or an agent's) cheap.
@@ -17,13 +17,15 @@ import logging
 import os
 import threading
 import time
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import torch
 
-from lingcode.engine import ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
+from lingcode.engine import ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
 from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore, common_prefix
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
@@ -70,19 +72,19 @@ class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
         cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "auto",
+        model: Transformer | None = None, step_cost: list[float] | None = None,
     ):  # fmt: skip
+        """model: one build_model() made from this checkpoint already (a prepared one, mapped from the
+        cache); step_cost: what measure_step_costs() measured for it before."""
         cfg = checkpoint.config
         kernels = pick_kernels(kernels, device, cuda_graphs, compile, checkpoint)
         self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
         self.device, self.dtype = device, dtype
-        self.model = Transformer.from_weights(cfg, checkpoint.weights, dtype, device)
-        if device.type == "cpu" and kernels == "native":  # the native step reads the file's blocks itself
-            self.model.kv_dtype = torch.float16
-        elif device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
-            self.model.use_cpu_matmuls(checkpoint.q4)
+        self.model = model if model is not None else build_model(checkpoint, dtype, device, kernels)
         self.model.setup_cache(cfg.context_length)
         self.step = pick_step(checkpoint, self.model, device, kernels, cuda_graphs, compile)
-        self.step_cost = measure_step_costs(self.step, device)  # ms of a step verifying k drafts, k = 0, 1, ...
+        # ms of a step verifying k drafts, k = 0, 1, ... (a compiled step's change as it compiles)
+        self.step_cost = step_cost if step_cost is not None and not compile else measure_step_costs(self.step, device)
         self.draft_length = DraftLength(self.step_cost)
         self.info = ModelInfo(
             name=checkpoint.name,
@@ -131,16 +133,13 @@ class LocalEngine:
                 f"{len(input_ids)} input tokens leave no room in the model's context of "
                 f"{self.info.context_length} tokens"
             )
-        loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue = asyncio.Queue()
-        req = _Request(request_id, list(input_ids), params, lambda c: loop.call_soon_threadsafe(chunks.put_nowait, c))
+        chunks = ChunkChannel(asyncio.get_running_loop())
+        req = _Request(request_id, list(input_ids), params, chunks.put)
         self._requests[request_id] = req
         done = asyncio.wrap_future(self._worker.submit(self._run, req))
         try:
             while True:
                 chunk = await chunks.get()
-                if isinstance(chunk, BaseException):
-                    raise chunk
                 yield chunk
                 if chunk.finish_reason is not None:
                     break
@@ -409,6 +408,16 @@ class LocalEngine:
         return live
 
 
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, kernels: str = "torch") -> Transformer:
+    """The checkpoint's weights as the engine runs them on this device with these kernels (no KV cache yet)."""
+    model = Transformer.from_weights(checkpoint.config, checkpoint.weights, dtype, device)
+    if device.type == "cpu" and kernels == "native":  # the native step reads the file's blocks itself
+        model.use_native_step()
+    elif device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
+        model.use_cpu_matmuls(checkpoint.q4)
+    return model
+
+
 def measure_step_costs(step, device: torch.device, rounds: int = 4) -> list[float]:
     """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) with this step, timed at load on a
     short context, for DraftLength: what a longer draft costs is what it must earn. Rounds go
@@ -487,4 +496,27 @@ def load_engine(
 
     dev = pick_device(device)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
-    return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile, kernels=kernels)
+    if dev.type != "cpu":
+        return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile, kernels=kernels)
+    from lingcode.engine.local import cpu_native, prepared
+
+    if kernels == "auto" and compile:
+        kernels = "torch"
+
+    def build():
+        checkpoint = load_checkpoint(model_path)
+        chosen = pick_kernels(kernels, dev, cuda_graphs, compile, checkpoint)
+        model = build_model(checkpoint, dtype, dev, chosen)
+        return dataclasses.replace(checkpoint, weights={}, q4={}), model, chosen  # the model holds the tensors
+
+    # The native code is loaded in this process before the key is made: the prepared model depends on it.
+    (checkpoint, model, chosen), name = prepared.load_or_build(
+        Path(model_path), f"cpu-float32-{kernels}", build, extra=f"cpu_native={cpu_native.load() is not None}"
+    )
+    what = f"step_cost_ms threads={torch.get_num_threads()}"
+    step_cost = prepared.recall(name, what)
+    engine = LocalEngine(checkpoint, dev, dtype, speculation, cuda_graphs, compile, kernels=chosen, model=model,
+                         step_cost=step_cost)  # fmt: skip
+    if step_cost is None and not compile:
+        prepared.remember(name, what, engine.step_cost)
+    return engine

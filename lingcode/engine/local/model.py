@@ -217,6 +217,16 @@ class Transformer(nn.Module):
         if cpu_native.load() is not None:  # half the cache's bytes per step; else f32 and row_exact_attention
             self.kv_dtype = torch.float16
 
+    def use_native_step(self) -> None:
+        """For the native step (cpu_step.cpp), which reads the file's blocks itself: an f16 cache, and
+        no dense copy of the matrices and embeddings, which it never reads (forward() cannot run)."""
+        empty = nn.Parameter(torch.empty(0), requires_grad=False)
+        for layer in self.layers:
+            layer.attn.wqkv.weight = layer.attn.wo.weight = empty
+            layer.ffn.w_gate_up.weight = layer.ffn.w_down.weight = empty
+        self.tok_embeddings.weight = self.output.weight = empty
+        self.kv_dtype = torch.float16
+
     def setup_cache(self, max_len: int, transposed_keys: bool | None = None) -> None:
         """A KV cache for max_len positions; keys stored position-last on the CPU unless told (KVCache)."""
         cfg = self.cfg

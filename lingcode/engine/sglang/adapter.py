@@ -34,6 +34,7 @@ from lingcode.engine import (
     ModelInfo,
     SamplingParams,
     TokenChunk,
+    merge_chunks,
 )
 
 SPEC_FIELDS = ("spec_accept_length", "spec_accept_rate", "spec_verify_ct", "spec_num_correct_drafts")
@@ -56,6 +57,12 @@ def sampling_params(params: SamplingParams, eos_ids: tuple[int, ...], room: int)
     if params.seed is not None:
         body["sampling_seed"] = params.seed
     return body
+
+
+def generate_body(rid: str, input_ids: list[int], params: SamplingParams, eos_ids: tuple[int, ...], room: int) -> dict:
+    """The JSON body of POST /generate for one streamed request (SGLang's GenerateReqInput)."""
+    return {"rid": rid, "input_ids": list(input_ids), "stream": True,
+            "sampling_params": sampling_params(params, eos_ids, room)}  # fmt: skip
 
 
 def _error(status: int | None, message: str) -> EngineError | ContextOverflow:
@@ -88,6 +95,25 @@ class StreamDecoder:
         self.emitted = 0
         self.done = False  # `data: [DONE]` seen
         self.meta: dict = {}  # the latest meta_info
+        self._pending = b""  # bytes of an event not complete yet
+
+    def feed_bytes(self, data: bytes) -> TokenChunk | None:
+        """What arrived from the network (any number of events, the last maybe partial), as one
+        chunk. Without incremental output every event repeats the ids before it, so of the events
+        that arrived together only the last is decoded: the cost stays per read, not per token."""
+        self._pending += data
+        end = self._pending.rfind(b"\n\n")
+        if end < 0:
+            return None
+        events, self._pending = self._pending[:end].split(b"\n\n"), self._pending[end + 2 :]
+        lines = [e.decode() for e in events if e.startswith(b"data:")]
+        if lines and lines[-1][5:].strip() == "[DONE]":
+            self.done = True
+            lines.pop()
+        if not self.incremental:
+            lines = lines[-1:]
+        chunks = [c for line in lines if (c := self.feed(line)) is not None]
+        return merge_chunks(chunks) if chunks else None
 
     def feed(self, line: str) -> TokenChunk | None:
         if not line.startswith("data:"):
@@ -165,8 +191,7 @@ class SGLangEngine:
             self._counters["unavailable"] += 1
             raise EngineUnavailable(reason)
         rid = f"{request_id}-{uuid.uuid4().hex}"
-        body = {"rid": rid, "input_ids": list(input_ids), "stream": True,
-                "sampling_params": sampling_params(params, self.info.eos_token_ids, room)}  # fmt: skip
+        body = generate_body(rid, input_ids, params, self.info.eos_token_ids, room)
         decoder = StreamDecoder(self.incremental)
         self._rids[request_id] = rid
         self._counters["requests"] += 1
@@ -175,8 +200,8 @@ class SGLangEngine:
             async with self._client.stream("POST", "/generate", json=body) as response:
                 if response.status_code != 200:
                     raise await _http_error(response)
-                async for line in response.aiter_lines():
-                    chunk = decoder.feed(line)
+                async for data in response.aiter_raw():
+                    chunk = decoder.feed_bytes(data)
                     if chunk is None:
                         if decoder.done:
                             break

@@ -83,11 +83,14 @@ def print_report(console, profile_name: str | None = None) -> bool:
         console.print(f"[bold]SGLang engine[/bold]: profile error: {escape(str(exc))}")
         return False
     console.print(f"\n[bold]SGLang engine[/bold]: profile {profile.name} ({profile.description})")
-    table = Table("switch", "on", "setting", "where", "what it buys", box=None, pad_edge=False)
+    console.print(f"Each switch, its setting (from profile {profile.name} unless another place is named):")
+    # Three columns, the setting and where it is set under the switch's name: within 100 columns.
+    table = Table("", "switch: setting", "what it buys", box=None, pad_edge=False)
     warnings = []
     for row in switch_rows(profile):
         mark = {True: "[green]on[/green]", False: "[red]off[/red]", None: "n/a"}[row.on]
-        table.add_row(row.name, mark, escape(row.setting), escape(row.where), escape(row.buys))
+        where = f" [dim]({escape(row.where)})[/dim]" if row.where not in ("-", f"profile {profile.name}") else ""
+        table.add_row(mark, f"{escape(row.name)}\n  {escape(row.setting)}{where}", escape(row.buys))
         if row.warning:
             warnings.append(row.warning)
     console.print(table)

@@ -15,8 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from lingcode.server.openai_api import GenerationRequest
+from lingcode.server.openai.protocol import GenerationRequest, ReasoningEffort, TemplateKwargs
 from lingcode.server.validation import StrictModel, TokenCount, ToolName, check_tool_choice
+from lingcode.agent.thinking import Thinking
 from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.turns import ToolChoice
 
@@ -50,6 +51,11 @@ class TextOptions(StrictModel):
     format: TextFormat | None = None
 
 
+class ReasoningOptions(StrictModel):
+    effort: ReasoningEffort | None = None  # "none" turns thinking off (lingcode.agent.thinking)
+    summary: Literal["auto", "concise", "detailed"] | None = None  # accepted; the reasoning is given whole
+
+
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _PART_TYPES = ("input_text", "output_text", "text")
 
@@ -64,6 +70,12 @@ class ResponsesRequest(GenerationRequest):
     text: TextOptions | None = None
     previous_response_id: str | None = None
     store: bool | None = None
+    reasoning: ReasoningOptions | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+
+    def template_variables(self) -> dict[str, Any]:
+        effort = self.reasoning.effort if self.reasoning else None
+        return Thinking(effort=effort, template_kwargs=self.chat_template_kwargs or {}).template_variables()
 
     @field_validator("tools", mode="before")
     @classmethod

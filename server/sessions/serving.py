@@ -18,46 +18,28 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from pydantic import Field, model_validator
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 
-from lingcode.engine import ModelInfo
-from lingcode.text.families import family_for
-from lingcode.pipeline.scheduler import Scheduler
-from lingcode.server import inputs
-from lingcode.server.body import read_json
-from lingcode.server.chat_turns import chat_sse, json_format
-from lingcode.server.errors import APIError, invalid
-from lingcode.server.openai_api import ChatCompletionRequest, Message, ToolDef
-from lingcode.server.openapi import request_body
-from lingcode.server.responses import ChatShape
-from lingcode.server.turn_runner import constrained, respond
-from lingcode.server.validation import StrictModel, check_unique_tool_names, parse
 from lingcode.agent.sessions import Session, SessionError, SessionStore, commit, turn_prompt
 from lingcode.agent.tool_parsers import Tool
-from lingcode.pipeline.turns import TurnEnd, TurnEvent, TurnSpec, run_turn, starts_in_reasoning
+from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent
+from lingcode.server.body import read_json
+from lingcode.server.errors import APIError, invalid
+from lingcode.server.openai.chat import ChatShape
+from lingcode.server.openai.protocol import json_format
+from lingcode.server.openapi import request_body
+from lingcode.server.serving import Prepared, Serving
+from lingcode.server.sessions.protocol import SessionCreateRequest, SessionTurnRequest
+from lingcode.server.validation import check_unique_tool_names, parse
 
 
-class SessionCreateRequest(StrictModel):
-    model: str | None = None
-    messages: list[Message] = Field(default_factory=list)
-    tools: list[ToolDef] | None = None
-    idle_timeout_s: float | int | None = Field(None, gt=0, le=7 * 24 * 3600)
+class SessionsServing(Serving):
+    path = "/v1/sessions/{session_id}/turns"
+    request_model = SessionTurnRequest
 
-
-class SessionTurnRequest(ChatCompletionRequest):
-    @model_validator(mode="after")
-    def _tool_choice_fits(self):  # overrides the chat check: the tools are the session's
-        if self.tools:
-            raise ValueError("tools: a session's tools are set when it is created")
-        return self
-
-
-class SessionRoutes:
-    def __init__(self, scheduler: Scheduler, info: ModelInfo, model_id: str, max_body_bytes: int, store: SessionStore):
-        self.scheduler, self.info, self.model_id = scheduler, info, model_id
-        self.max_body_bytes = max_body_bytes
+    def __init__(self, *args, store: SessionStore):
+        super().__init__(*args)
         self.store = store
 
     def install(self, app: FastAPI) -> None:
@@ -65,8 +47,7 @@ class SessionRoutes:
         app.add_api_route("/v1/sessions", self.list, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.get, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.delete, methods=["DELETE"])
-        app.add_api_route("/v1/sessions/{session_id}/turns", self.turn, methods=["POST"],
-                          openapi_extra=request_body(SessionTurnRequest))  # fmt: skip
+        super().install(app)
 
     async def create(self, request: Request) -> JSONResponse:
         body = parse(SessionCreateRequest, await read_json(request, self.max_body_bytes))
@@ -76,8 +57,7 @@ class SessionRoutes:
             check_unique_tool_names(t.name for t in tools)
         except ValueError as exc:
             raise invalid(str(exc), param="tools") from None
-        session = self.store.create(family_for(self.info), tools, [m.for_template() for m in body.messages],
-                                    body.idle_timeout_s)  # fmt: skip
+        session = self.store.create(self.family, tools, [m.for_template() for m in body.messages], body.idle_timeout_s)
         return JSONResponse(session.describe())
 
     async def list(self) -> dict:
@@ -93,11 +73,10 @@ class SessionRoutes:
         self.store.delete(session_id)
         return {"id": session_id, "object": "session.deleted", "deleted": True}
 
-    async def turn(self, session_id: str, request: Request) -> Response:
-        body = parse(SessionTurnRequest, await read_json(request, self.max_body_bytes))
-        session = self._session(session_id)
+    async def prepare(self, body: SessionTurnRequest, request: Request) -> Prepared:
+        session = self._session(request.path_params["session_id"])
         if session.busy:
-            raise APIError(409, f"session {session_id} already has a turn running", code="session_busy")
+            raise APIError(409, f"session {session.id} already has a turn running", code="session_busy")
         choice = body.choice()
         if choice.name is not None and choice.name not in {t.name for t in session.tools}:
             raise invalid(f"tool_choice: the session has no tool named {choice.name!r}", param="tool_choice")
@@ -107,21 +86,21 @@ class SessionRoutes:
             input_ids, appended = turn_prompt(self.info, session, [m.for_template() for m in body.messages])
         except SessionError as exc:
             raise invalid(str(exc), param="messages") from None
-        params = inputs.sampling_params(self.info, body, len(input_ids), "messages")
-        spec = TurnSpec(session.family, session.tools, choice, body.parallel_tool_calls is not False,
-                        starts_in_reasoning(session.family, appended))  # fmt: skip
-        params = await constrained(self.info, params, spec, json_format(body),
-                             "tool_choice" if spec.forced_tools() else "response_format")  # fmt: skip
+        params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "messages")
+        spec = self.turn_spec(session.tools, choice, body.parallel_tool_calls is not False, appended)
         shape = SessionShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage(), session,
                              len(input_ids) - len(session.token_ids))  # fmt: skip
-        events = _recorded(session, input_ids,
-                           run_turn(self.scheduler, self.info, shape.request_id, input_ids, params, spec, body.stop_strings()))  # fmt: skip
-        session.busy = True
-        try:
-            return await respond(request, events, bool(body.stream), shape.turn_response, lambda ev: chat_sse(ev, shape))
-        except BaseException:
-            session.busy = False
-            raise
+        session.busy = claim = shape.request_id  # claimed before the next await: a turn sent meanwhile gets a 409
+
+        def release() -> None:
+            if session.busy == claim:
+                session.busy = None
+
+        turn = Turn(shape.request_id, input_ids, params, spec, body.stop_strings(), stop_loops=stop_loops)
+        return Prepared(turn, shape, bool(body.stream), json_format(body.response_format), release=release)
+
+    def run(self, prepared: Prepared) -> AsyncIterator[list[TurnEvent]]:
+        return _recorded(prepared.shape.session, prepared.turn.input_ids, super().run(prepared), prepared.release)
 
     def _session(self, session_id: str) -> Session:
         session = self.store.get(session_id)
@@ -131,15 +110,17 @@ class SessionRoutes:
         return session
 
 
-async def _recorded(session: Session, input_ids: list[int], events: AsyncIterator[TurnEvent]) -> AsyncIterator[TurnEvent]:
+async def _recorded(session: Session, input_ids: list[int], events: AsyncIterator[list[TurnEvent]],
+                    release) -> AsyncIterator[list[TurnEvent]]:  # fmt: skip
     """The turn's events; a finished turn is committed to the history before its end is shaped."""
     try:
-        async for event in events:
-            if isinstance(event, TurnEnd) and event.finish_reason != "abort":
-                commit(session, input_ids, event.output_ids)
-            yield event
+        async for batch in events:
+            end = batch[-1]
+            if isinstance(end, TurnEnd) and end.finish_reason != "abort":
+                commit(session, input_ids, end.output_ids)
+            yield batch
     finally:
-        session.busy = False
+        release()
         await events.aclose()
 
 
@@ -154,8 +135,8 @@ class SessionShape(ChatShape):
         return {"id": self.session.id, "turn": self.session.turns, "appended_tokens": self.appended,
                 "history_tokens": len(self.session.token_ids)}  # fmt: skip
 
-    def turn_response(self, end) -> dict:
-        return {**super().turn_response(end), "session": self._session()}
+    def whole(self, end: TurnEnd) -> dict:
+        return {**super().whole(end), "session": self._session()}
 
-    def closing(self, finish_reason, usage, timing) -> dict:
-        return {**super().closing(finish_reason, usage, timing), "session": self._session()}
+    def closing(self, end: TurnEnd) -> dict:
+        return {**super().closing(end), "session": self._session()}

@@ -17,26 +17,22 @@ aborted in the engine within a step.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from fastapi import FastAPI
 from pydantic import Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from lingcode.completion.cuts import CutRules
 from lingcode.completion.prompt import Budgets, Chunk, CompletionInput, CompletionPrompt, build_prompt
-from lingcode.engine import ModelInfo, SamplingParams
-from lingcode.pipeline.generation import TextChunk, generate_text
-from lingcode.pipeline.scheduler import Priority, Scheduler
-from lingcode.server.body import read_json
+from lingcode.engine import SamplingParams
+from lingcode.pipeline.scheduler import Priority
+from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
 from lingcode.server.errors import APIError
-from lingcode.server.openai_routes import as_api_error
-from lingcode.server.openapi import request_body
-from lingcode.server.responses import DONE, sse, timings_dict, usage_dict
-from lingcode.server.streaming import ClientGone, EventStream, aclose, close_soon, until_disconnected
-from lingcode.server.validation import StrictModel, TokenCount, TopP, parse
+from lingcode.server.openai.protocol import usage_dict
+from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict
+from lingcode.server.streaming import CLIENT_GONE
+from lingcode.server.validation import StrictModel, TokenCount, TopP
 
 MAX_CONTEXT_CHUNKS = 32
 
@@ -70,56 +66,47 @@ class CompleteRequest(StrictModel):
     stream: bool = False
 
 
-class CompletionRoutes:
-    def __init__(self, scheduler: Scheduler, info: ModelInfo, model_id: str, max_body_bytes: int):
-        self.scheduler = scheduler
-        self.info = info
-        self.model_id = model_id
-        self.max_body_bytes = max_body_bytes
+class EditorServing(Serving):
+    path = "/v1/lingcode/complete"
+    request_model = CompleteRequest
+
+    def __init__(self, *args):
+        super().__init__(*args)
         self._counters = dict.fromkeys(("requests", "finished", "aborted", "client_gone", "errors"), 0)
         self._cuts: dict[str, int] = {}
         # The tokens whose text holds a newline: a single-line suggestion ends with the first one.
-        tok = info.tokenizer
+        tok = self.info.tokenizer
         self._newline_ids = frozenset(i for i in range(tok.vocab_size) if "\n" in tok.decode([i]))
-
-    def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/lingcode/complete", self.complete, methods=["POST"],
-                          openapi_extra=request_body(CompleteRequest))  # fmt: skip
 
     def stats(self) -> dict:
         return {**self._counters, "cuts": dict(self._cuts)}
 
-    async def complete(self, request: Request) -> Response:
-        body = parse(CompleteRequest, await read_json(request, self.max_body_bytes))
+    async def handle(self, request: Request) -> Response:
+        try:
+            response = await super().handle(request)
+        except APIError as exc:
+            if exc.status >= 500 or exc.code in ("queue_full", "engine_unavailable"):
+                self._counters["errors"] += 1
+            raise
+        except Exception:
+            self._counters["errors"] += 1
+            raise
+        if response.status_code == CLIENT_GONE:
+            self._counters["client_gone"] += 1
+        return response
+
+    async def prepare(self, body: CompleteRequest, request: Request) -> Prepared:
         prompt = self._prompt(body)
         params = SamplingParams(body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed)
         cut = CutRules(body.prefix, body.suffix, multiline=body.multiline, time_budget_ms=body.time_budget_ms)
         if cut.single_line:  # the engine ends the request at the line's end itself: the cut would
             # abort it there too, but only once the engine had gone on to another step
             params = replace(params, final_token_ids=self._newline_ids)
-        request_id = f"lccmpl-{uuid.uuid4().hex}"
-        latest_wins = f"complete:{body.document}" if body.document else None
+        shape = EditorShape(f"lccmpl-{uuid.uuid4().hex}", self.model_id, prompt, cut, self._count)
         self._counters["requests"] += 1
-        text = generate_text(self.scheduler, self.info.tokenizer, request_id, prompt.input_ids, params, cut=cut,
-                             priority=Priority.COMPLETION, latest_wins=latest_wins)  # fmt: skip
-        result = _Result(request_id, self.model_id, prompt, cut, on_done=self._count)
-        try:
-            if body.stream:
-                first = await until_disconnected(request, anext(text))
-                return EventStream(result.events(text, first))
-            last = await until_disconnected(request, result.collect(text))
-            return JSONResponse(result.final(last, text=result.text))
-        except ClientGone:
-            await aclose(text)
-            self._counters["client_gone"] += 1
-            return Response(status_code=499)  # nobody reads it; uvicorn drops it
-        except Exception as exc:
-            await aclose(text)
-            self._counters["errors"] += 1
-            error = as_api_error(exc)
-            if error is None:
-                raise
-            raise error from None
+        turn = Turn(shape.request_id, prompt.input_ids, params, cut=cut, priority=Priority.COMPLETION,
+                    latest_wins=f"complete:{body.document}" if body.document else None)  # fmt: skip
+        return Prepared(turn, shape, body.stream)
 
     def _prompt(self, body: CompleteRequest) -> CompletionPrompt:
         request = CompletionInput(
@@ -140,58 +127,38 @@ class CompletionRoutes:
             )
         return prompt
 
-    def _count(self, last: TextChunk, cut: CutRules) -> None:
-        self._counters["finished" if last.finish_reason != "abort" else "aborted"] += 1
-        reason = cut.reason or ("eos" if last.finish_reason == "stop" else last.finish_reason)
+    def _count(self, end: TurnEnd, cut: CutRules) -> None:
+        self._counters["finished" if end.finish_reason != "abort" else "aborted"] += 1
+        reason = cut.reason or ("eos" if end.finish_reason == "stop" else end.finish_reason)
         self._cuts[reason] = self._cuts.get(reason, 0) + 1
 
 
-class _Result:
-    """One completion's answer, collected or streamed."""
+class EditorShape(Shape):
+    """lingcode.completion objects: whole, or `text` deltas then the final object, then [DONE]."""
+
+    end_of_stream = DONE
 
     def __init__(self, request_id: str, model: str, prompt: CompletionPrompt, cut: CutRules, on_done):
         self.request_id, self.model, self.prompt, self.cut, self.on_done = request_id, model, prompt, cut, on_done
-        self.text = ""
 
-    async def collect(self, text: AsyncIterator[TextChunk]) -> TextChunk:
-        try:
-            async for chunk in text:
-                self.text += chunk.text
-                if chunk.finish_reason is not None:
-                    # The answer is whole: send it now. When a cut rule ended it, the engine is one
-                    # step further on; closing aborts that step, and the editor need not wait for it
-                    # (the scheduler holds the engine until it is done).
-                    close_soon(text)
-                    return chunk
-        except BaseException:
-            await aclose(text)
-            raise
-        await aclose(text)
-        raise RuntimeError("the text stream ended without a finish reason")
+    def whole(self, end: TurnEnd) -> dict:
+        return self._final(end, text=end.content)
 
-    def final(self, last: TextChunk, **extra) -> dict:
-        self.on_done(last, self.cut)
-        cut = self.cut.reason if last.finish_reason != "abort" else None
+    def frames(self, events: list[TurnEvent]) -> str:
+        head = {"id": self.request_id, "object": "lingcode.completion.chunk", "model": self.model}
+        out = []
+        for event in events:
+            if isinstance(event, Content):
+                out.append(sse({**head, "text": event.text}))
+            elif isinstance(event, TurnEnd):
+                out.append(sse({**self._final(event), "object": "lingcode.completion.chunk"}))
+        return "".join(out)
+
+    def _final(self, end: TurnEnd, **extra) -> dict:
+        self.on_done(end, self.cut)
+        cut = self.cut.reason if end.finish_reason != "abort" else None
         return {
             "id": self.request_id, "object": "lingcode.completion", "model": self.model, **extra,
-            "finish_reason": last.finish_reason, "cut": cut, "usage": usage_dict(last.usage),
-            "timings": timings_dict(last.usage, last.timing), "prompt": self.prompt.as_dict(),
+            "finish_reason": end.finish_reason, "cut": cut, "usage": usage_dict(end.usage),
+            "timings": timings_dict(end.usage, end.timing), "prompt": self.prompt.as_dict(),
         }  # fmt: skip
-
-    async def events(self, text: AsyncIterator[TextChunk], first: TextChunk) -> AsyncIterator[str]:
-        head = {"id": self.request_id, "object": "lingcode.completion.chunk", "model": self.model}
-        try:
-            chunk: TextChunk | None = first
-            while chunk is not None:
-                if chunk.text:
-                    yield sse({**head, "text": chunk.text})
-                if chunk.finish_reason is not None:
-                    yield sse({**self.final(chunk), "object": "lingcode.completion.chunk"})
-                    break
-                chunk = await anext(text, None)
-        except Exception as exc:  # the response has started: report in the stream
-            error = as_api_error(exc) or APIError(500, "internal server error; the daemon's log has the details")
-            yield sse(error.body())
-        finally:
-            await aclose(text)
-        yield DONE

@@ -1,4 +1,5 @@
-"""What a client may send to the OpenAI-compatible routes, validated before any work is queued.
+"""OpenAI's chat and text completions: what a client may send (validated before any work is
+queued) and the parts of the answer both share.
 
 Types are strict (a max_tokens of "5" or true is a 400, not a guess) and ranges are OpenAI's.
 Fields this server does not implement are accepted only at their neutral value (n=1, no
@@ -10,16 +11,22 @@ parse() and the rules other APIs share are in server/validation.py.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from lingcode.server.validation import (StrictModel, TokenCount, ToolName, TopP, check_tool_choice,
                                         check_unique_tool_names)  # fmt: skip
+from lingcode.agent.thinking import Thinking, check_template_kwargs
 from lingcode.agent.tool_parsers import Tool
+from lingcode.pipeline.generation import Usage
 from lingcode.pipeline.turns import ToolChoice
+from lingcode.server.serving import Sampling
 
 MAX_STOP_STRINGS = 4
+# Chat template variables (enable_thinking, ...), as SGLang's server takes them: lingcode.agent.thinking
+TemplateKwargs = Annotated[dict[str, Any], AfterValidator(check_template_kwargs)]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class TextPart(StrictModel):
@@ -139,6 +146,9 @@ class GenerationRequest(StrictModel):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def sampling(self) -> Sampling:
+        return Sampling(self.max_tokens, self.temperature, self.top_p, self.top_k, self.seed, self.ignore_eos)
+
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
@@ -191,6 +201,11 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    def template_variables(self) -> dict[str, Any]:
+        return Thinking(effort=self.reasoning_effort, template_kwargs=self.chat_template_kwargs or {}).template_variables()
 
     @field_validator("logprobs", "top_logprobs")
     @classmethod
@@ -257,3 +272,21 @@ class CompletionRequest(GenerationRequest):
         if value is not None:
             raise ValueError("logprobs are not supported by this server")
         return value
+
+
+def usage_dict(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def json_format(fmt: ResponseFormat | None) -> tuple[str, dict | None] | None:
+    """A response_format as the pipeline's grammar request: None, ("json", None), ("json_schema", schema)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return ("json", None)
+    return ("json_schema", fmt.json_schema.schema_)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from lingcode.server.validation import StrictModel, TokenCount, ToolName, TopP, check_tool_choice
+from lingcode.agent.thinking import Thinking
 from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.turns import ToolChoice
 
@@ -104,12 +105,29 @@ class OutputConfig(StrictModel):
     effort: str | None = None  # accepted; one model, one effort
 
 
+class ThinkingConfig(StrictModel):
+    """Extended thinking: the chat template's thinking switch (lingcode.agent.thinking)."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = Field(None, ge=1024)  # Anthropic's minimum; accepted, not enforced (as in SGLang)
+
+    @model_validator(mode="after")
+    def _budget_with_enabled_only(self):
+        if (self.type == "enabled") != (self.budget_tokens is not None):
+            raise ValueError("budget_tokens is required with type 'enabled', and allowed only there")
+        return self
+
+
 class CountTokensRequest(StrictModel):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+    def template_variables(self) -> dict[str, Any]:
+        return Thinking.anthropic(self.thinking.type if self.thinking else None).template_variables()
 
     @field_validator("tools", mode="before")
     @classmethod

@@ -1,0 +1,388 @@
+"""`lingcode bench daemon`: what the daemon adds to the engine, measured from a real client.
+
+The same requests go to the engine directly (in this process) and through a running daemon
+(`lingcode serve` in a process of its own, streamed over SSE and read by httpx), alternating
+request by request, with and without drafts. Each request is sent twice in a row, so the second
+one finds its prompt in the KV cache: the time to first token the daemon adds is read there.
+Reported per workload and speculation mode (medians):
+
+- ms per output token, direct and through the daemon, and their ratio;
+- time to first token on a cached prompt, direct and through the daemon, and the difference;
+- where the daemon's time went (`timings.trace`, asked for with the X-Lingcode-Trace header):
+  body and validation, template and tokenization, queueing, the engine's first chunk,
+  detokenization, stop strings, reasoning and tool parsing, response shaping (SSE framing),
+  socket sends, and the event loop's CPU time; and the engine's own decode time in the daemon
+  against the same engine's direct (a slower engine thread in the daemon means contention).
+
+With --engine sglang the engine is SGLang's wire protocol: a stand-in
+(lingcode/bench/sglang_standin.py) streams a token every --step-ms (0.78: Ling-3.0-flash +
+DSpark at concurrency 1), "direct" reads its /generate stream as lingcode's adapter would ask for
+it, and the daemon attaches to it with --engine sglang --engine-url.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from lingcode.bench import source_commit
+
+# A code edit of a file that is not lingcode's own (a small JavaScript module), and a chat question.
+CODE = """\
+export function debounce(fn, wait = 100) {
+  let timer = null;
+  let lastArgs = [];
+  function flush() {
+    timer = null;
+    fn(...lastArgs);
+  }
+  return function debounced(...args) {
+    lastArgs = args;
+    if (timer !== null) clearTimeout(timer);
+    timer = setTimeout(flush, wait);
+  };
+}
+
+export function groupBy(items, key) {
+  const groups = new Map();
+  for (const item of items) {
+    const k = typeof key === "function" ? key(item) : item[key];
+    if (!groups.has(k)) groups.set(k, []);
+    groups.get(k).push(item);
+  }
+  return groups;
+}
+"""
+WORKLOADS = {
+    "chat": [{"role": "user", "content": "Explain how a hash map handles collisions, with an example."}],
+    "code-edit": [{"role": "user", "content": "Rename `groupBy` to `groupItems` and `debounce` to `debounceCall`, "
+                                              f"and output the whole edited file:\n```js\n{CODE}```"}],
+}
+
+
+@dataclass
+class Sample:
+    side: str  # "direct" | "daemon"
+    workload: str
+    speculation: str
+    cached: bool  # the second of two identical requests: its prompt was in the KV cache
+    tokens: int
+    ttft_ms: float
+    tpot_ms: float | None
+    text: str = ""
+    trace: dict = field(default_factory=dict)
+    engine_decode_ms: float | None = None  # the engine's own decode time for this request
+
+
+# --- the two sides ------------------------------------------------------------------------------
+
+
+def _tpot(first: float | None, last: float, tokens: int) -> float | None:
+    return (last - first) * 1e3 / (tokens - 1) if first is not None and tokens > 1 else None
+
+
+async def direct_local(engine, input_ids: list[int], max_tokens: int) -> tuple[float, float | None, list[int]]:
+    """The engine fed directly: ttft, tpot (ms), and the ids, timed as the daemon times them."""
+    from lingcode.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    started, first, ids = time.perf_counter(), None, []
+    async for chunk in engine.generate(f"direct-{time.monotonic_ns()}", input_ids, params):
+        if chunk.token_ids and first is None:
+            first = time.perf_counter()
+        ids += chunk.token_ids
+    last = time.perf_counter()
+    return (first - started) * 1e3, _tpot(first, last, len(ids)), ids
+
+
+async def direct_sglang(client: httpx.AsyncClient, input_ids: list[int], max_tokens: int, eos: tuple[int, ...],
+                        context: int) -> tuple[float, float | None, list[int]]:  # fmt: skip
+    """SGLang's /generate stream read as lingcode's adapter asks for it (the same body)."""
+    from lingcode.engine import SamplingParams
+    from lingcode.engine.sglang.adapter import StreamDecoder, generate_body
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    body = generate_body(f"direct-{time.monotonic_ns()}", input_ids, params, eos, context - len(input_ids))
+    decoder, ids = StreamDecoder(), []
+    started, first = time.perf_counter(), None
+    async with client.stream("POST", "/generate", json=body) as response:
+        async for line in response.aiter_lines():
+            chunk = decoder.feed(line)
+            if chunk is not None and chunk.token_ids:
+                first = first or time.perf_counter()
+                ids += chunk.token_ids
+    last = time.perf_counter()
+    return (first - started) * 1e3, _tpot(first, last, len(ids)), ids
+
+
+async def through_daemon(client: httpx.AsyncClient, messages: list[dict], max_tokens: int) -> tuple[float, float | None, int, str, dict]:
+    """A streamed chat completion: client-side ttft and tpot, tokens, text, and the daemon's trace."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    started, first, last, parts, tokens, trace = time.perf_counter(), None, None, [], 0, {}
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers={"x-lingcode-trace": "1"}) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"daemon answered {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                if choice["delta"].get("content"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    parts.append(choice["delta"]["content"])
+                if choice.get("finish_reason"):
+                    trace = chunk.get("timings", {}).get("trace", {})
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return (first - started) * 1e3, _tpot(first, last, tokens), tokens, "".join(parts), trace
+
+
+# --- daemons ------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """`lingcode serve --port 0` in a process of its own, under a private LINGCODE_HOME."""
+
+    def __init__(self, serve_args: list[str], home: Path, extra_env: dict[str, str] | None = None):
+        env = {**os.environ, "LINGCODE_HOME": str(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        self.log = open(home / "serve.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "lingcode", "serve", "--port", "0", *serve_args],
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+        record = home / "state" / "daemon.json"
+        deadline = time.monotonic() + 900
+        while not record.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"lingcode serve did not start: {(home / 'serve.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        info = json.loads(record.read_text())
+        self.url, self.token = info["url"], Path(info["token_file"]).read_text().strip()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def _model_dir_from_gguf(gguf_path: Path, out: Path) -> tuple[Path, list[int]]:
+    """A Hugging Face-style model directory (tokenizer, chat template) from a GGUF's metadata, for
+    attaching the SGLang adapter to the stand-in; and token ids of real text for it to stream."""
+    from gguf import GGUFReader
+
+    from lingcode.text.tokenizer import Tokenizer
+
+    reader = GGUFReader(str(gguf_path))
+    fields = {k: reader.fields[k].contents() for k in reader.fields if k.startswith("tokenizer.")}
+    tokenizer = Tokenizer.from_gguf_fields(fields)
+    tokens = fields["tokenizer.ggml.tokens"]
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.json").write_text(tokenizer.hf.to_str())
+    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 8192,
+                                                 "eos_token_id": eos}))  # fmt: skip
+    (out / "tokenizer_config.json").write_text(json.dumps({"chat_template": fields.get("tokenizer.chat_template"),
+                                                           "eos_token": tokens[eos] if eos is not None else None}))  # fmt: skip
+    return out, tokenizer.encode(CODE * 4)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+async def _run(args: argparse.Namespace) -> list[Sample]:
+    from lingcode import models
+    from lingcode.text.chat_template import render_chat
+
+    samples: list[Sample] = []
+    gguf = models.ensure(args.model)
+    serve_env = dict(item.split("=", 1) for item in args.serve_env)
+    workloads = [w for w in args.workload.split(",") if w]
+    for speculation in args.speculation.split(","):
+        home = Path(tempfile.mkdtemp(prefix="lingcode-bench-daemon-"))
+        standin = engine = daemon = None
+        try:
+            if args.engine == "sglang":
+                if speculation != "off":
+                    continue  # drafting happens inside SGLang: the stand-in streams what it accepted
+                model_dir, ids = _model_dir_from_gguf(gguf, home / "model")
+                port = _free_port()
+                standin = subprocess.Popen([sys.executable, "-m", "lingcode.bench.sglang_standin", "--port", str(port),
+                                            "--step-ms", str(args.step_ms), "--ids", ",".join(map(str, ids))],
+                                           stdout=subprocess.DEVNULL)  # fmt: skip
+                engine_url = f"http://127.0.0.1:{port}"
+                for _ in range(100):
+                    try:
+                        httpx.get(f"{engine_url}/health", timeout=1)
+                        break
+                    except httpx.HTTPError:
+                        time.sleep(0.1)
+                daemon = Daemon(["--engine", "sglang", "--engine-url", engine_url, "--model", str(model_dir)], home, serve_env)
+                from lingcode.engine.sglang.model_dir import load_model_info
+
+                info = load_model_info(model_dir)
+                direct_client = httpx.AsyncClient(base_url=engine_url, timeout=600)
+            else:
+                from lingcode.engine.local import load_engine
+
+                serve_args = ["--device", args.device, "--speculation", speculation, "--model", str(gguf)]
+                if args.kernels != "auto":
+                    serve_args += ["--kernels", args.kernels]
+                daemon = Daemon(serve_args, home, serve_env)
+                engine = load_engine(gguf, device=args.device, speculation=speculation, kernels=args.kernels)
+                info = engine.info
+            headers = {"Authorization": f"Bearer {daemon.token}"}
+            async with httpx.AsyncClient(base_url=daemon.url, headers=headers, timeout=600) as client:
+                for workload in workloads:
+                    messages = WORKLOADS[workload]
+                    input_ids = info.tokenizer.encode(render_chat(info.chat_template, messages, bos_token=info.bos_token,
+                                                                  eos_token=info.eos_token))  # fmt: skip
+                    for i in range(args.requests + 1):  # the first round warms both sides up
+                        for side in ("direct", "daemon") if i % 2 == 0 else ("daemon", "direct"):
+                            for cached in (False, True):
+                                if side == "direct":
+                                    if engine is not None:
+                                        ttft, tpot, ids = await direct_local(engine, input_ids, args.max_tokens)
+                                        decode_ms = engine.stats()["last_request"].get("decode_ms")
+                                    else:
+                                        ttft, tpot, ids = await direct_sglang(direct_client, input_ids, args.max_tokens,
+                                                                              info.eos_token_ids, info.context_length)  # fmt: skip
+                                        decode_ms = None
+                                    sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
+                                                    info.tokenizer.decode(ids), engine_decode_ms=decode_ms)  # fmt: skip
+                                else:
+                                    ttft, tpot, n, text, trace = await through_daemon(client, messages, args.max_tokens)
+                                    stats = (await client.get("/v1/lingcode/stats")).json()["engine"]
+                                    decode_ms = stats.get("last_request", {}).get("decode_ms")
+                                    sample = Sample(side, workload, speculation, cached, n, ttft, tpot, text, trace,
+                                                    decode_ms)  # fmt: skip
+                                if i > 0:
+                                    samples.append(sample)
+                                print(f"  {speculation:>5} {workload:>9} {side:>6} {'cached' if cached else 'cold':>6}: "
+                                      f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
+                                      f"({sample.tokens} tokens){'' if i else '  (warm-up)'}", flush=True)  # fmt: skip
+        finally:
+            if daemon is not None:
+                daemon.stop()
+            if engine is not None:
+                await engine.close()
+            if standin is not None:
+                standin.terminate()
+    return samples
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(samples: list[Sample]) -> list[dict]:
+    rows = []
+    for speculation in dict.fromkeys(s.speculation for s in samples):
+        for workload in dict.fromkeys(s.workload for s in samples):
+            group = [s for s in samples if s.speculation == speculation and s.workload == workload]
+            if not group:
+                continue
+            direct = [s for s in group if s.side == "direct"]
+            daemon = [s for s in group if s.side == "daemon"]
+            tpot_direct, tpot_daemon = _median(s.tpot_ms for s in direct), _median(s.tpot_ms for s in daemon)
+            ttft_direct = _median(s.ttft_ms for s in direct if s.cached)
+            ttft_daemon = _median(s.ttft_ms for s in daemon if s.cached)
+            stages = sorted({k for s in daemon for k in s.trace})
+            trace = {k: _median(s.trace.get(k) for s in daemon if s.cached) for k in stages}
+            decode_direct = _median(s.engine_decode_ms for s in direct)
+            decode_daemon = _median(s.engine_decode_ms for s in daemon)
+            rows.append({
+                "speculation": speculation, "workload": workload, "tokens": _median(s.tokens for s in group),
+                "tpot_direct_ms": tpot_direct, "tpot_daemon_ms": tpot_daemon,
+                "tpot_ratio": tpot_daemon / tpot_direct if tpot_direct and tpot_daemon else None,
+                "ttft_cached_direct_ms": ttft_direct, "ttft_cached_daemon_ms": ttft_daemon,
+                "ttft_added_ms": ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None,
+                "engine_decode_ratio": decode_daemon / decode_direct if decode_direct and decode_daemon else None,
+                "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
+                "trace_cached_ms": trace,
+            })  # fmt: skip
+    return rows
+
+
+def _fmt(value, digits=3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# lingcode bench daemon ({report['engine']})", "", f"- command: `{report['command']}`",
+             f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}", "",
+             "| speculation | workload | tokens | ms/token direct | ms/token daemon | ratio | TTFT cached direct | "
+             "TTFT cached daemon | added TTFT (ms) | engine decode, daemon/direct | same text |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in report["rows"]:
+        lines.append(f"| {r['speculation']} | {r['workload']} | {_fmt(r['tokens'], 0)} | {_fmt(r['tpot_direct_ms'])} | "
+                     f"{_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | {_fmt(r['ttft_cached_direct_ms'], 2)} | "
+                     f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
+                     f"{_fmt(r['engine_decode_ratio'])} | {r['same_text']} |")  # fmt: skip
+    lines += ["", "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians):", ""]
+    stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})
+    lines.append("| speculation | workload | " + " | ".join(stages) + " |")
+    lines.append("|---|---|" + "---|" * len(stages))
+    for r in report["rows"]:
+        lines.append(f"| {r['speculation']} | {r['workload']} | " + " | ".join(_fmt(r["trace_cached_ms"].get(k)) for k in stages) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=["local", "sglang"], default="local",
+                        help="local: the embedded engine; sglang: the SGLang adapter against a stand-in (default: local)")  # fmt: skip
+    parser.add_argument("--device", default="auto", help="the local engine's device (auto, cpu, cuda)")
+    parser.add_argument("--kernels", default="auto", help="the local engine's GPU step (auto, torch, triton)")
+    parser.add_argument("--model", default=None, help="the model (default: the embedded default)")
+    parser.add_argument("--workload", default="chat,code-edit", help="comma-separated: chat, code-edit")
+    parser.add_argument("--speculation", default="off,ngram", help="comma-separated speculation modes (local engine)")
+    parser.add_argument("--requests", type=int, default=3, help="measured requests per workload and side (default: 3)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request (ignore_eos; default: 256)")
+    parser.add_argument("--step-ms", type=float, default=0.78, help="the SGLang stand-in's time per token (default: 0.78)")
+    parser.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)")
+    parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
+                        help="write PREFIX.json and PREFIX.md (default: print only)")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    samples = asyncio.run(_run(args))
+    report = {
+        "engine": (args.engine if args.engine == "local" else f"sglang stand-in, {args.step_ms} ms/token")
+                  + "".join(f", {e}" for e in args.serve_env),
+        "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
+        "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, loadavg {os.getloadavg()}",
+        "rows": summarize(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
+    }  # fmt: skip
+    text = markdown(report)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        args.out.with_suffix(".md").write_text(text)
+    return 0

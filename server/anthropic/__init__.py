@@ -1,0 +1,1 @@
+"""Anthropic Messages (messages.py); protocol.py holds what clients may send and its translation to chat messages."""

@@ -1,0 +1,1 @@
+"""OpenAI Responses (serving.py); protocol.py holds what clients may send and its translation to chat messages."""

@@ -1,0 +1,323 @@
+"""The one way through the daemon, for every API: validate -> convert -> run the turn -> stream or collect.
+
+Each API (server/openai/, anthropic/, responses/, sessions/, editor/) is a Serving subclass that
+fills in two steps, the way SGLang's entrypoints/openai/serving_base does it:
+
+    prepare(body) -> Prepared   the request as a Turn (lingcode.pipeline.turns) and its Shape
+    Shape                       how events become the API's JSON body or SSE frames
+
+and handle() does the rest, the same for all: read and validate the body, compile a grammar if
+the turn needs one (off the event loop, cancelled if the client leaves), run the turn, then answer
+once (collect) or stream. A streamed response starts only once the turn has its first events, so
+a full queue (429), a context overflow or a bad grammar is still a proper HTTP error; a client
+that leaves is cancelled at once; an error after the stream started is an error frame in the
+API's own shape. Each list of events from the pipeline (one engine chunk) is one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from lingcode.agent.grammar import GrammarError, GrammarUnavailable
+from lingcode.agent.tool_parsers import Tool
+from lingcode.agent.tool_prompt import render_prompt
+from lingcode.engine import EngineError, ModelInfo, SamplingParams
+from lingcode.pipeline import metrics
+from lingcode.pipeline.generation import Timing, Usage
+from lingcode.pipeline.scheduler import Scheduler
+from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_constraint, run_turn
+from lingcode.server.body import read_json
+from lingcode.server.errors import APIError, ContextLengthExceeded, as_api_error, invalid
+from lingcode.server.openapi import request_body
+from lingcode.server.streaming import CLIENT_GONE, ClientGone, EventStream, aclose, close_soon, until_disconnected
+from lingcode.server.validation import StrictModel, parse
+from lingcode.text.chat_template import TemplateError
+from lingcode.text.families import Family, family_for
+
+log = logging.getLogger("lingcode.server")
+
+DONE = "data: [DONE]\n\n"
+# Prompts longer than this (characters) are rendered and tokenized on a thread, so one huge
+# request cannot stall every other client's stream; shorter ones inline, which is faster.
+INLINE_PROMPT_CHARS = 64 * 1024
+
+
+def sse(payload: dict) -> str:
+    """One server-sent event carrying a JSON object."""
+    return f"data: {_json(payload)}\n\n"
+
+
+def named_sse(name: str, payload: dict) -> str:
+    """An SSE event with an `event:` name (Anthropic's and the Responses API's streams)."""
+    return f"event: {name}\ndata: {_json(payload)}\n\n"
+
+
+def _json(payload: dict) -> str:
+    import json
+
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def timings_dict(usage: Usage | None, timing: Timing | None) -> dict:
+    """lingcode's `timings` object: ttft_ms, tpot_ms, total_ms, tokens_per_s, and the token counts."""
+    timings = timing.as_dict() if timing is not None else {}
+    if usage is not None:
+        timings.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                       completion_tokens=usage.completion_tokens)  # fmt: skip
+    return timings
+
+
+# --- what every API hands over ----------------------------------------------------------------
+
+
+class Shape:
+    """How one API writes a turn: one JSON body (whole) or SSE frames (opening, frames, error)."""
+
+    end_of_stream: str = ""  # written after the last frame (OpenAI's `data: [DONE]`)
+
+    def whole(self, end: TurnEnd) -> dict:
+        raise NotImplementedError
+
+    def opening(self) -> str:
+        return ""
+
+    def frames(self, events: list[TurnEvent]) -> str:
+        raise NotImplementedError
+
+    def error_frame(self, error: APIError) -> str:
+        return sse(error.body())
+
+
+@dataclass
+class Prepared:
+    """A request, converted: the turn to run, how to answer, and the grammar it needs (if any)."""
+
+    turn: Turn
+    shape: Shape
+    stream: bool
+    json_format: tuple[str, dict | None] | None = None  # ("json", None) or ("json_schema", schema)
+    grammar_param: str = "response_format"  # the field a grammar error names
+    release: Callable[[], None] | None = None  # undoes what prepare() claimed, if the turn never ran
+
+
+@dataclass
+class Sampling:
+    """The sampling fields of a request, as the client sent them (None: left out)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+# --- the pipeline -----------------------------------------------------------------------------
+
+
+class Serving:
+    """One API route over the one served model. Subclasses set `path` and `request_model`, and
+    implement prepare(); handle() is the same for all."""
+
+    path: str
+    request_model: type[StrictModel]
+
+    def __init__(self, scheduler: Scheduler, info: ModelInfo, model_id: str, max_body_bytes: int):
+        self.scheduler, self.info, self.model_id, self.max_body_bytes = scheduler, info, model_id, max_body_bytes
+        self.family: Family = family_for(info)
+
+    def install(self, app: FastAPI) -> None:
+        app.add_api_route(self.path, self.handle, methods=["POST"], openapi_extra=request_body(self.request_model))
+
+    async def prepare(self, body: StrictModel, request: Request) -> Prepared:
+        raise NotImplementedError
+
+    def run(self, prepared: Prepared) -> AsyncIterator[list[TurnEvent]]:
+        return run_turn(self.scheduler, self.info, prepared.turn)
+
+    async def handle(self, request: Request) -> Response:
+        trace = metrics.trace.get() or metrics.Trace()
+        trace.mark("until_handler")  # HTTP parsing, the middlewares, routing
+        clock = time.perf_counter
+        # 1. read and validate the body
+        started = clock()
+        data = await read_json(request, self.max_body_bytes)
+        read = clock()
+        body = parse(self.request_model, data)
+        trace.add("body", read - started)
+        trace.add("validate", clock() - read)
+        # 2. convert: the prompt, the sampling params, the shape
+        prepared = await self.prepare(body, request)
+        try:
+            # 3. the grammar, if the turn needs one
+            if prepared.turn.spec.forced_tools() is not None or prepared.json_format is not None:
+                compiled = clock()
+                await until_disconnected(request, self._constrain(prepared))
+                trace.add("grammar", clock() - compiled)
+            # 4. run it, and answer once or stream
+            response = await respond(request, self.run(prepared), prepared.stream, prepared.shape)
+        except BaseException:
+            if prepared.release is not None:
+                prepared.release()
+            raise
+        if response.status_code == CLIENT_GONE and prepared.release is not None:
+            prepared.release()
+        return response
+
+    # --- conversions every API shares ---------------------------------------------------------
+
+    async def prompt_ids(self, messages: list[dict], tools: Sequence[Tool] = (), *, param: str = "messages",
+                         template_kwargs: dict | None = None) -> tuple[list[int], str]:  # fmt: skip
+        """The chat template over the messages (and tools), ending with the assistant's turn, as
+        token ids, and the prompt text; a message the template cannot take is a 400 naming `param`."""
+
+        def render() -> tuple[list[int], str]:
+            try:
+                text = render_prompt(self.info, self.family, messages, list(tools), template_kwargs=template_kwargs)
+            except TemplateError as exc:
+                raise invalid(str(exc), param=param) from None
+            return self.info.tokenizer.encode(text), text
+
+        started = time.perf_counter()
+        size = sum(len(m.get("content") or "") for m in messages)
+        result = render() if size < INLINE_PROMPT_CHARS else await asyncio.to_thread(render)
+        if (trace := metrics.trace.get()) is not None:
+            trace.add("prompt", time.perf_counter() - started)
+        return result
+
+    def sampling_params(self, fields: Sampling, prompt_tokens: int, what: str) -> tuple[SamplingParams, bool]:
+        """The engine's sampling params, and whether to stop a looping answer.
+
+        A field the client left out gets the model family's default (lingcode/data/families.toml);
+        one it set is used as sent. max_tokens left out: the family's answer length, within what
+        the context has left, and a looping answer is stopped. The context is checked here, before
+        anything is queued: nothing is ever truncated silently (`what` names the prompt in errors).
+        """
+        context = self.info.context_length
+        if prompt_tokens >= context:  # the model needs room for at least one new token
+            raise ContextLengthExceeded(context, prompt_tokens, what=what)
+        defaults = self.family.defaults
+        max_tokens = fields.max_tokens
+        if max_tokens is None:
+            max_tokens = min(defaults.max_tokens or context, context - prompt_tokens)
+        elif prompt_tokens + max_tokens > context:
+            raise ContextLengthExceeded(context, prompt_tokens, max_tokens, what=what)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=defaults.temperature if fields.temperature is None else fields.temperature,
+            top_p=defaults.top_p if fields.top_p is None else fields.top_p,
+            top_k=defaults.top_k if fields.top_k is None else max(fields.top_k, 0),
+            seed=fields.seed,
+            ignore_eos=fields.ignore_eos,
+        )
+        return params, fields.max_tokens is None
+
+    def turn_spec(self, tools: Sequence[Tool], choice, parallel: bool, prompt: str) -> TurnSpec:
+        from lingcode.pipeline.turns import starts_in_reasoning
+
+        return TurnSpec(self.family, tuple(tools), choice, parallel, starts_in_reasoning(self.family, prompt))
+
+    async def _constrain(self, prepared: Prepared) -> None:
+        """Compile the turn's grammar on a thread, bounded in size and work (lingcode.agent.grammar)."""
+        turn = prepared.turn
+        cancel = threading.Event()  # set if the client leaves: the compile is dropped, not finished
+        try:
+            constraint = await asyncio.to_thread(build_constraint, self.info, turn.spec, prepared.json_format, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        except (GrammarUnavailable, GrammarError) as exc:
+            error = as_api_error(exc)
+            error.param = "tool_choice" if turn.spec.forced_tools() is not None else prepared.grammar_param
+            raise error from None
+        if constraint is not None:
+            turn.params = dataclasses.replace(turn.params, constraint=constraint)
+
+
+# --- stream or collect ------------------------------------------------------------------------
+
+
+async def respond(request: Request, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape) -> Response:
+    """One JSON response (shape.whole) or an SSE stream (shape.opening + shape.frames per list)."""
+    try:
+        if stream:
+            first = await until_disconnected(request, _first(events))
+            return EventStream(_frames(first, events, shape))
+        end = await until_disconnected(request, _collect(events))
+        return JSONResponse(_shaped(shape.whole, end))
+    except ClientGone:
+        return Response(status_code=CLIENT_GONE)  # nobody reads it; uvicorn drops it
+    except Exception as exc:
+        await aclose(events)
+        error = as_api_error(exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _shaped(whole, end: TurnEnd) -> dict:
+    started = time.perf_counter()
+    body = whole(end)
+    if (trace := metrics.trace.get()) is not None:
+        trace.add("shape", time.perf_counter() - started)
+    return body
+
+
+async def _first(events: AsyncIterator[list[TurnEvent]]) -> list[TurnEvent]:
+    try:
+        return await anext(events)
+    except BaseException:
+        await aclose(events)
+        raise
+
+
+async def _collect(events: AsyncIterator[list[TurnEvent]]) -> TurnEnd:
+    try:
+        async for batch in events:
+            if isinstance(batch[-1], TurnEnd):
+                # The answer is whole. If a stop string or cut ended it, the engine is one step further
+                # on: closing aborts that step, and nobody need wait for it.
+                close_soon(events)
+                return batch[-1]
+    except BaseException:
+        await aclose(events)
+        raise
+    raise EngineError("the turn ended without a finish reason")
+
+
+async def _frames(first: list[TurnEvent], events: AsyncIterator[list[TurnEvent]], shape: Shape) -> AsyncIterator[str]:
+    trace = metrics.trace.get() or metrics.Trace()
+    clock = time.perf_counter
+    try:
+        started = clock()
+        out = shape.opening() + shape.frames(first)
+        trace.add("shape", clock() - started)
+        yield out
+        batch = first
+        while not isinstance(batch[-1], TurnEnd):
+            batch = await anext(events)
+            started = clock()
+            out = shape.frames(batch)
+            trace.add("shape", clock() - started)
+            if out:
+                yield out
+    except Exception as exc:  # the response has started: report in the stream, in the API's shape
+        error = as_api_error(exc)
+        if error is None:
+            log.exception("stream failed")
+            error = APIError(500, "internal server error; the daemon's log has the details")
+        yield shape.error_frame(error)
+    finally:
+        close_soon(events)
+    if shape.end_of_stream:
+        yield shape.end_of_stream

@@ -1,0 +1,52 @@
+"""The README's first requests, run exactly as written (the shell block and the Python block of
+"Talking to the daemon"), against a real daemon on the default model.
+
+They send no temperature and no max_tokens: the model family's defaults must make the 135M model
+answer right, and stop, on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = (Path(__file__).parents[1] / "README.md").read_text()
+SECTION = README[README.index("## Talking to the daemon") : README.index("### Routes")]
+
+
+def block(language: str, containing: str) -> str:
+    blocks = re.findall(rf"```{language}\n(.*?)```", SECTION, flags=re.S)
+    return next(b for b in blocks if containing in b)
+
+
+@pytest.fixture(scope="module")
+def env(daemon) -> dict:
+    """The environment a user has in their shell: the venv's commands, the daemon's home."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "LINGCODE_HOME": str(daemon.home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_the_curl_example_answers_paris(env):
+    script = block("sh", "curl")
+    assert 'eval "$(lingcode env)"' in script and "temperature" not in script and "max_tokens" not in script
+    done = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    choice = answer["choices"][0]
+    assert "Paris" in choice["message"]["content"], choice
+    assert choice["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] < 100
+
+
+def test_the_openai_sdk_example_writes_a_string_reversal(env):
+    code = block("python", "OpenAI()")
+    shell = f'eval "$(lingcode env)"\nexec python - <<"PYTHON"\n{code}PYTHON\n'
+    done = subprocess.run(["bash", "-e", "-c", shell], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "def " in done.stdout and ("[::-1]" in done.stdout or "reversed(" in done.stdout), done.stdout
+    assert "completion_tokens=" in done.stdout
