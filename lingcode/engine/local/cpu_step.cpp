@@ -85,14 +85,6 @@ inline float hsum(f32x16 v) {
   return s[0];
 }
 
-inline float hmax(f32x16 v) {
-  float s[16];
-  std::memcpy(s, &v, sizeof s);
-  float m = s[0];
-  for (int i = 1; i < 16; ++i) m = std::max(m, s[i]);
-  return m;
-}
-
 inline float half_to_float(uint16_t h) {
   _Float16 f;
   std::memcpy(&f, &h, sizeof f);
@@ -230,6 +222,68 @@ Matrix repack(const std::string& path, int64_t kind, int64_t cols,
 
 // --- activations ----------------------------------------------------------------------------------
 
+// max |x| over a block of 32, and the block rounded to int8 as round(x * id) (the product rounded
+// once, then to the nearest integer, ties to even: the same integers on every kernel path); returns
+// their sum.
+#if defined(__AVX512F__)
+inline float block_amax(const float* x) {
+  const __m512 a = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16)));
+  return _mm512_reduce_max_ps(a);
+}
+
+inline int32_t quantize_block(const float* x, float id, int8_t* out) {
+  const __m512 scale = _mm512_set1_ps(id);
+  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x), scale), mode));
+  const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + 16), scale), mode));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+#elif defined(__AVX2__)
+inline float block_amax(const float* x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
+  for (int i = 8; i < 32; i += 8) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+inline int32_t quantize_block(const float* x, float id, int8_t* out) {
+  const __m256 scale = _mm256_set1_ps(id);
+  __m256i sum = _mm256_setzero_si256();
+  for (int i = 0; i < 32; i += 8) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale),
+                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    sum = _mm256_add_epi32(sum, q);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), q);
+    for (int j = 0; j < 8; ++j) out[i + j] = int8_t(lanes[j]);
+  }
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
+}
+#else
+inline float block_amax(const float* x) {
+  float m = 0.0f;
+  for (int i = 0; i < 32; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
+inline int32_t quantize_block(const float* x, float id, int8_t* out) {
+  int32_t sum = 0;
+  for (int i = 0; i < 32; ++i) {
+    const float product = x[i] * id;  // rounded once, as the vector paths do
+    out[i] = int8_t(std::nearbyint(product));
+    sum += out[i];
+  }
+  return sum;
+}
+#endif
+
 // T tokens' activations [T, k], each block of 32 quantized to int8 with one scale d: q = round(x / d),
 // d = max |x| / 127. Kept per block: d, the sum of q, and d times it (for Q4_1's min term).
 struct Act {
@@ -254,24 +308,10 @@ struct Act {
   int64_t at(int64_t t, int64_t b) const { return t * blocks + b; }
 
   void quantize(int64_t t, const float* x) {
-    const float magic = 12582912.0f;  // 1.5 * 2^23
     for (int64_t b = 0; b < blocks; ++b) {
-      const f32x16 v0 = loadv(x + b * QK), v1 = loadv(x + b * QK + 16);
-      const f32x16 a0 = v0 < 0 ? -v0 : v0, a1 = v1 < 0 ? -v1 : v1;
-      const float amax = hmax(a0 > a1 ? a0 : a1);
+      const float amax = block_amax(x + b * QK);
       const float dq = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      f32x16 r0, r1;
-      for (int i = 0; i < 16; ++i) {  // round to nearest (even): the magic number's last bit
-        r0[i] = std::fma(v0[i], id, magic) - magic;
-        r1[i] = std::fma(v1[i], id, magic) - magic;
-      }
-      int8_t* out = q.data() + t * k + b * QK;
-      int32_t s = 0;
-      for (int i = 0; i < 16; ++i) {
-        out[i] = int8_t(r0[i]);
-        out[16 + i] = int8_t(r1[i]);
-        s += int32_t(r0[i]) + int32_t(r1[i]);
-      }
+      const int32_t s = quantize_block(x + b * QK, id, q.data() + t * k + b * QK);
       d[at(t, b)] = dq;
       sum[at(t, b)] = dq * float(s);  // of the quantized values: its error cancels the codes' (Q4_1 mins)
       isum[at(t, b)] = s;
