@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from contextlib import aclosing
 
 import pytest
@@ -135,12 +136,12 @@ async def test_scheduler_runs_in_order_and_drops_cancelled_waiters(engine):
     params = SamplingParams(max_tokens=3, ignore_eos=True, **GREEDY)
     order: list[str] = []
 
-    async def run(rid):
-        async for chunk in generate_text(scheduler, engine.info.tokenizer, rid, ids, params):
+    async def run(rid, tokens=3):
+        async for chunk in generate_text(scheduler, engine.info.tokenizer, rid, ids, dataclasses.replace(params, max_tokens=tokens)):
             if chunk.finish_reason:
                 order.append(f"{rid}:{chunk.finish_reason}")
 
-    first = asyncio.create_task(run("r1"))
+    first = asyncio.create_task(run("r1", 256))  # still running below: 3 tokens take under 10 ms on the CPU
     await asyncio.sleep(0)
     second = asyncio.create_task(run("r2"))
     third = asyncio.create_task(run("r3"))

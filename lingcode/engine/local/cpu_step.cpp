@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -645,7 +646,8 @@ void rope(float* x, const float* cos, const float* sin) {
 // catches it. Where another process holds one of the two cores and the threads share the other,
 // spinning holds the core the partner needs: libgomp's default (spin ~0.3 s) then cost a whole
 // timeslice at every barrier (~0.6 s a step instead of ~3 ms), a fixed 66 us spin ~10 ms a step
-// (docs/engine-notes.md). So a wait that outlasts the budget halves it, one that does not doubles it.
+// (docs/engine-notes.md). So the budget halves after a wait longer than the most it may spin (the
+// partner was not running), and doubles after a shorter one (spinning would have caught it).
 struct Spin {
   int budget, most;
 };
@@ -669,9 +671,12 @@ T wait_while(const std::atomic<T>& value, T old, Spin& spin) {
     }
     cpu_relax();
   }
-  spin.budget = std::max(16, spin.budget / 2);
+  const auto started = std::chrono::steady_clock::now();
   T now;
   while ((now = value.load(std::memory_order_acquire)) == old) value.wait(old, std::memory_order_acquire);
+  const auto waited = std::chrono::steady_clock::now() - started;
+  const bool short_wait = waited < std::chrono::nanoseconds(40) * spin.most;  // ~33 ns a pause, and a margin
+  spin.budget = short_wait ? std::min(spin.most, 2 * spin.budget) : std::max(16, spin.budget / 2);
   return now;
 }
 

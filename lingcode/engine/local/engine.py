@@ -83,7 +83,7 @@ class LocalEngine:
         self.model = model if model is not None else build_model(checkpoint, dtype, device, kernels)
         self.model.setup_cache(cfg.context_length)
         self.step = pick_step(checkpoint, self.model, device, kernels, cuda_graphs, compile)
-        # ms of a step verifying k drafts, k = 0, 1, ... (a compiled step's change as it compiles)
+        # ms of a step verifying k = 0, 1, ... drafts: remembered for a prepared model, not for a compiled step
         self.step_cost = step_cost if step_cost is not None and not compile else measure_step_costs(self.step, device)
         self.draft_length = DraftLength(self.step_cost)
         self.info = ModelInfo(
@@ -201,10 +201,13 @@ class LocalEngine:
         return EarlyExitDrafter(self.step, self.draft_layers)
 
     def _decode(self, req: _Request) -> None:
-        params, ids = req.params, req.input_ids
-        self._counters["requests"] += 1
+        params, ids, counters = req.params, req.input_ids, self._counters
+        counters["requests"] += 1
         # Reuse the cached prefix; at least one token is fed to get the next token's logits.
         cached = min(self._reuse_prefix(ids), len(ids) - 1)
+        counters["prompt_tokens"] += len(ids)
+        counters["cached_tokens"] += cached
+        counters["prefilled_tokens"] += len(ids) - cached
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device)
@@ -216,9 +219,8 @@ class LocalEngine:
             run.drafter.start(ids)
         t0 = time.perf_counter()
         logits, tail = self._prefill(run)
-        finish = "abort"
         if req.aborted.is_set():
-            pass
+            finish = "abort"
         elif self.step.pipelined and run.drafter is None and params.constraint is None:
             finish = self._pipelined_loop(run, logits)
         else:
@@ -312,11 +314,10 @@ class LocalEngine:
         else:
             counters["finished"] += 1
         generated, steps = len(run.generated), run.steps
-        for key, value in (("prompt_tokens", len(ids)), ("cached_tokens", run.cached),
-                           ("prefilled_tokens", len(ids) - run.cached), ("generated_tokens", generated),
-                           ("decode_steps", steps), ("draft_tokens", run.drafted),
-                           ("accepted_draft_tokens", run.accepted)):  # fmt: skip
-            counters[key] += value
+        counters["generated_tokens"] += generated
+        counters["decode_steps"] += steps
+        counters["draft_tokens"] += run.drafted
+        counters["accepted_draft_tokens"] += run.accepted
         self._last = {
             "request_id": req.request_id, "prompt_tokens": len(ids), "cached_tokens": run.cached,
             "prefilled_tokens": len(ids) - run.cached, "generated_tokens": generated, "finish_reason": finish,
