@@ -87,16 +87,30 @@ inline int64_t block_rows(int64_t left, int64_t most) {
 }
 
 // Scores of NR query rows (pre-scaled, [NR, D]) against n_pad keys (position-last): s[r][l].
+// B blocks of 16 positions for NR rows: each key row (one d) is read over 16 * B positions in a row,
+// so the hardware prefetcher follows one row at a time instead of 64 rows 16 positions at a time.
+template <int64_t D, int NR, int B, typename Cache>
+void score_blocks(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t l0, float* s) {
+  f32x16 acc[NR][B] = {};
+  for (int64_t d = 0; d < D; ++d)
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) {
+      const f32x16 kv = Cache::load(k + d * k_stride_d + l0 + 16 * b);
+#pragma GCC unroll 12
+      for (int r = 0; r < NR; ++r) acc[r][b] += q[r * D + d] * kv;
+    }
+  for (int r = 0; r < NR; ++r)
+    for (int b = 0; b < B; ++b) std::memcpy(s + r * CHUNK + l0 + 16 * b, &acc[r][b], sizeof acc[r][b]);
+}
+
+// Scores of NR query rows (pre-scaled, [NR, D]) against n_pad keys (position-last): s[r][l]. Each
+// score is one fixed chain of fma over d, however the positions are blocked.
 template <int64_t D, int NR, typename Cache>
 void scores(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t n_pad, float* s) {
-  for (int64_t l0 = 0; l0 < n_pad; l0 += LANES) {
-    f32x16 acc[NR] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const f32x16 kv = Cache::load(k + d * k_stride_d + l0);
-      for (int r = 0; r < NR; ++r) acc[r] += q[r * D + d] * kv;
-    }
-    for (int r = 0; r < NR; ++r) std::memcpy(s + r * CHUNK + l0, &acc[r], sizeof acc[r]);
-  }
+  constexpr int B = NR * 8 <= 24 ? 8 : (24 / NR > 0 ? 24 / NR : 1);  // NR * B accumulators of 32 registers
+  int64_t l0 = 0;
+  for (; l0 + 16 * B <= n_pad; l0 += 16 * B) score_blocks<D, NR, B, Cache>(q, k, k_stride_d, l0, s);
+  for (; l0 < n_pad; l0 += LANES) score_blocks<D, NR, 1, Cache>(q, k, k_stride_d, l0, s);
 }
 
 // out[r] = sum over the first n positions of w[r][l] * v[l] for NR rows of weights (stride CHUNK).
