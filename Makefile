@@ -29,12 +29,12 @@ LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 
 run: $(VENV)/.installed-run
 	$(BIN)/lingcode pull
-	$(BIN)/python -c 'from lingcode.engine.local import cpu_attention; cpu_attention.main()'
+	$(BIN)/python -c 'from lingcode.engine.local import cpu_native; cpu_native.main()'
 	exec $(BIN)/lingcode serve $(ARGS)
 
 test: $(VENV)/.installed-test $(VENV)/.sglang-parser tmux-if-missing
 	$(BIN)/lingcode pull
-	$(BIN)/python -c 'from lingcode.engine.local import cpu_attention; cpu_attention.main()'
+	$(BIN)/python -c 'from lingcode.engine.local import cpu_native; cpu_native.main()'
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 $(VENV)/.torch:

@@ -290,13 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="port to bind; 0 picks a free port (default: 8377)")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                        help="where the local engine runs; auto picks cuda if available (default: auto)")
-    serve.add_argument("--kernels", choices=["auto", "torch", "triton"], default="auto",
-                       help="the local engine's captured GPU step: torch ops, or hand-written Triton kernels "
-                            "(needs cuda); auto: Triton on a GPU unless --compile (default: auto)")
+    serve.add_argument("--kernels", choices=["auto", "torch", "triton", "native"], default="auto",
+                       help="the local engine's forward pass: torch ops; hand-written Triton kernels (GPU, captured); "
+                            "native, lingcode's C++ step on the GGUF's own blocks (CPU); auto: Triton on a GPU, "
+                            "native on the CPU, where they can run and without --compile (default: auto)")
     serve.add_argument("--compile", action="store_true",
-                       help="torch.compile the local engine's decode step: on 2 CPU cores ~1.6x faster per token "
-                            "(bench/results/cpu-variants-2026-11-29.txt), for 2-5 minutes of compiling at start (less once "
-                            "Inductor's cache is warm); on a GPU, the captured step")
+                       help="torch.compile the local engine's torch step (implies --kernels torch): on a GPU the "
+                            "captured step; on the CPU slower than the native step, and 2-5 minutes at start")
     serve.add_argument("--speculation", metavar="S", default="ngram",
                        help="the local engine's drafting: ngram (prompt lookup, the default), off, or early-exit:L")
     serve.add_argument("--max-queue", metavar="N", type=_positive, default=16,

@@ -301,9 +301,9 @@ def serve(
     SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
-    kernels: the local engine's captured GPU step, "torch", "triton" or "auto". compile: torch.compile the
-    local engine's decode step (CPU: 1.6x faster steps for minutes of compiling at load). speculation:
-    the local engine's drafting ("ngram", "off", "early-exit:L").
+    kernels: the local engine's forward pass, "torch", "triton" (GPU), "native" (CPU) or "auto". compile:
+    torch.compile the local engine's torch step (minutes of compiling at load). speculation: the local
+    engine's drafting ("ngram", "off", "early-exit:L").
     """
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)

@@ -46,6 +46,14 @@ def engine(model_path):
     return load_engine(model_path, device="cpu")
 
 
+@pytest.fixture(scope="session")
+def torch_cpu_engine(model_path):
+    """The embedded engine on the CPU with torch's kernels (--kernels torch), the native step's fallback."""
+    from lingcode.engine.local import load_engine
+
+    return load_engine(model_path, device="cpu", kernels="torch")
+
+
 @dataclass
 class Daemon:
     """A running `lingcode serve` process, as a client finds it: from daemon.json and the token file."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from contextlib import aclosing
 
 import pytest
@@ -54,10 +55,13 @@ def test_chat_template_renders_chatml(engine):
 
 
 async def test_greedy_answer_is_a_python_function(engine):
+    # A prompt whose greedy answer ends within the budget with both CPU kernel sets: with
+    # "...reverses a string." the native step's answer goes on to a usage example the 135M model
+    # cannot finish, as with "...adds two numbers." the torch kernels' answer does.
     scheduler = Scheduler(engine)
-    ids = chat_ids(engine, "Write a Python function that reverses a string.")
-    text, last = await collect(scheduler, engine, "reverse", ids, SamplingParams(max_tokens=120, **GREEDY))
-    assert "```python" in text and "def reverse_string" in text
+    ids = chat_ids(engine, "Write a Python function that returns the square of a number.")
+    text, last = await collect(scheduler, engine, "square", ids, SamplingParams(max_tokens=120, **GREEDY))
+    assert "```python" in text and "def square_number" in text
     assert last.finish_reason == "stop"
     assert last.usage.prompt_tokens == len(ids)
 
@@ -132,12 +136,12 @@ async def test_scheduler_runs_in_order_and_drops_cancelled_waiters(engine):
     params = SamplingParams(max_tokens=3, ignore_eos=True, **GREEDY)
     order: list[str] = []
 
-    async def run(rid):
-        async for chunk in generate_text(scheduler, engine.info.tokenizer, rid, ids, params):
+    async def run(rid, tokens=3):
+        async for chunk in generate_text(scheduler, engine.info.tokenizer, rid, ids, dataclasses.replace(params, max_tokens=tokens)):
             if chunk.finish_reason:
                 order.append(f"{rid}:{chunk.finish_reason}")
 
-    first = asyncio.create_task(run("r1"))
+    first = asyncio.create_task(run("r1", 256))  # still running below: 3 tokens take under 10 ms on the CPU
     await asyncio.sleep(0)
     second = asyncio.create_task(run("r2"))
     third = asyncio.create_task(run("r3"))
@@ -192,20 +196,22 @@ async def test_token_constraint_is_applied_every_step(engine):
     assert last.finish_reason == "stop" and last.usage.completion_tokens == 4
 
 
-def test_auto_kernels_are_triton_on_a_gpu_and_torch_elsewhere(engine):
-    """--kernels auto (the default): the Triton step where captured graphs run it, torch otherwise."""
+def test_auto_kernels_are_triton_on_a_gpu_and_native_on_the_cpu(engine):
+    """--kernels auto (the default): the Triton step where captured graphs run it, the native step on
+    the CPU where it builds, torch otherwise (and always with --compile, which is for torch's kernels)."""
     import torch
 
     from lingcode.engine.local.engine import pick_kernels
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert engine.info.extra["kernels"] == engine.info.extra["step"] == "native"  # this session's CPU engine
+    assert pick_kernels("auto", cpu, cuda_graphs=True, compile=True) == "torch"
+    assert pick_kernels("torch", cpu, cuda_graphs=True, compile=False) == "torch"
     pytest.importorskip("triton")
     assert pick_kernels("auto", cuda, cuda_graphs=True, compile=False) == "triton"
     assert pick_kernels("auto", cuda, cuda_graphs=True, compile=True) == "torch"  # --compile is for torch kernels
     assert pick_kernels("auto", cuda, cuda_graphs=False, compile=False) == "torch"  # Triton runs only as graphs
-    assert pick_kernels("auto", cpu, cuda_graphs=True, compile=False) == "torch"
     assert pick_kernels("torch", cuda, cuda_graphs=True, compile=False) == "torch"
-    assert engine.info.extra["kernels"] == "torch"  # this session's CPU engine
 
 
 async def test_chunk_channel_hands_over_what_piled_up_as_one_chunk():

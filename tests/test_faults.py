@@ -16,7 +16,6 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from lingcode.engine.local.engine import PREFILL_CHUNK
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.app import create_app
 
@@ -30,7 +29,7 @@ async def test_disconnect_mid_prefill_aborts_within_one_chunk(daemon, engine):
     nonce = secrets.token_hex(4)  # first, so that nothing of this prompt is in the KV cache
     prompt = nonce + " " + " ".join(str(i) for i in range(1500))
     n_tokens = len(engine.info.tokenizer.encode(prompt))
-    chunks = -(-n_tokens // PREFILL_CHUNK)
+    chunks = len(engine.step.prefill_chunks(0, n_tokens))  # the daemon's engine runs the same step
     assert chunks >= 6 and n_tokens < engine.info.context_length, n_tokens
     headers = {"Authorization": f"Bearer {daemon.token}"}
     async with httpx.AsyncClient(base_url=daemon.url, headers=headers, timeout=120) as http:
@@ -70,21 +69,27 @@ async def test_disconnect_mid_prefill_aborts_within_one_chunk(daemon, engine):
 
 @pytest.fixture
 def in_process(engine, monkeypatch):
-    """The daemon's app in this process on the real engine, and a switch that makes its model raise
-    on the Nth forward pass from now (on the engine's worker thread, where real faults happen)."""
+    """The daemon's app in this process on the real engine, and a switch that makes its forward pass
+    raise on the Nth call from now (on the engine's worker thread, where real faults happen)."""
     app = create_app(Scheduler(engine), engine.info, TOKEN, model_id="m")
     client = TestClient(app, base_url="http://localhost", headers={"Authorization": f"Bearer {TOKEN}"},
                         raise_server_exceptions=False)  # fmt: skip
-    real_forward = engine.model.forward
     fault = {"at": None, "calls": 0}
 
-    def forward(*args, **kwargs):
-        fault["calls"] += 1
-        if fault["at"] is not None and fault["calls"] == fault["at"]:
-            raise RuntimeError("injected fault: device lost")
-        return real_forward(*args, **kwargs)
+    class FaultyStep:  # the engine's step (steps.py), raising when told
+        def __init__(self, step):
+            self.step = step
 
-    monkeypatch.setattr(engine.model, "forward", forward)
+        def __getattr__(self, name):
+            return getattr(self.step, name)
+
+        def __call__(self, *args, **kwargs):
+            fault["calls"] += 1
+            if fault["at"] is not None and fault["calls"] == fault["at"]:
+                raise RuntimeError("injected fault: device lost")
+            return self.step(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "step", FaultyStep(engine.step))
 
     def fail_at(n: int | None) -> None:
         fault["at"], fault["calls"] = n, 0

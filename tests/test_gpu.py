@@ -59,7 +59,7 @@ async def generate(engine, ids, params, speculation="off") -> list[int]:
 
 
 def test_captured_step_matches_the_eager_forward(gpu_engine):
-    model, runner = gpu_engine.model, gpu_engine.graphs
+    model, runner = gpu_engine.model, gpu_engine.step.runner
     ids = list(range(200, 203))
     with torch.inference_mode():
         eager = model(torch.tensor([ids], device="cuda"), 40, all_logits=True)[0].float()
@@ -117,7 +117,7 @@ def test_triton_step_matches_the_torch_step(gpu_engine, triton_engine):
     ids = (chat_ids(gpu_engine, PROMPTS[2]) * 100)[:2000]
 
     def run(engine, width: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        runner = engine.graphs
+        runner = engine.step.runner
         runner.tokens[0, :width].copy_(torch.tensor(ids[end - width : end]))
         torch.arange(end - width, end, out=runner.positions[:width])
         logits = runner.replay(width, end)[:width].float().clone()
@@ -150,9 +150,9 @@ async def test_speculation_is_lossless_with_the_triton_step(triton_engine, rows)
     "What is the capital of France?" parted at token 19 on the H200."""
     from lingcode.engine.local.cuda_graphs import GraphRunner
 
-    default = triton_engine.graphs
+    default = triton_engine.step.runner
     if rows is not None:
-        triton_engine.graphs = GraphRunner(triton_engine.model, kernels="triton", triton_options={"rows": rows})
+        triton_engine.step.runner = GraphRunner(triton_engine.model, kernels="triton", triton_options={"rows": rows})
     try:
         params = SamplingParams(max_tokens=48, temperature=0.0)
         for prompt in PROMPTS:
@@ -160,7 +160,7 @@ async def test_speculation_is_lossless_with_the_triton_step(triton_engine, rows)
             plain = await generate(triton_engine, ids, params, "off")
             assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
     finally:
-        triton_engine.graphs = default
+        triton_engine.step.runner = default
 
 
 async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engine):
@@ -212,10 +212,10 @@ def test_overlapped_launches_change_no_bit(triton_engine):
     model = triton_engine.model
     if not pdl_supported(model.norm.weight.device):
         pytest.skip("no programmatic dependent launch on this GPU or Triton")
-    assert triton_engine.graphs.step.pdl  # the engine's default where it is supported
+    assert triton_engine.step.runner.step.pdl  # the engine's default where it is supported
     ids = (chat_ids(triton_engine, PROMPTS[0]) * 100)[:2000]
     serial = GraphRunner(model, widths=(1, 4), kernels="triton", triton_options={"pdl": False})  # the same cache buckets: the same splits
-    runners = {"pdl": triton_engine.graphs, "serial": serial}
+    runners = {"pdl": triton_engine.step.runner, "serial": serial}
     try:
         with torch.inference_mode():
             model(torch.tensor([ids], device="cuda"), 0)

@@ -32,14 +32,14 @@ def env(daemon) -> dict:
     return {**os.environ, "LINGCODE_HOME": str(daemon.home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 
-def test_the_curl_example_answers_paris(env):
+def test_the_curl_example_answers_berlin(env):
     script = block("sh", "curl")
     assert 'eval "$(lingcode env)"' in script and "temperature" not in script and "max_tokens" not in script
     done = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     choice = answer["choices"][0]
-    assert "Paris" in choice["message"]["content"], choice
+    assert "Berlin" in choice["message"]["content"], choice
     assert choice["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] < 100
 
 

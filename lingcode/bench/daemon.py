@@ -356,7 +356,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["local", "sglang"], default="local",
                         help="local: the embedded engine; sglang: the SGLang adapter against a stand-in (default: local)")  # fmt: skip
     parser.add_argument("--device", default="auto", help="the local engine's device (auto, cpu, cuda)")
-    parser.add_argument("--kernels", default="auto", help="the local engine's GPU step (auto, torch, triton)")
+    parser.add_argument("--kernels", default="auto", help="the local engine's forward pass (auto, torch, triton, native)")
     parser.add_argument("--model", default=None, help="the model (default: the embedded default)")
     parser.add_argument("--workload", default="chat,code-edit", help="comma-separated: chat, code-edit")
     parser.add_argument("--speculation", default="off,ngram", help="comma-separated speculation modes (local engine)")

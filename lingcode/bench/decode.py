@@ -408,8 +408,8 @@ def add_arguments(parser) -> None:
                              "$LINGCODE_LLAMA_CPP_PYTHON, else .venv-llama-cpp of this checkout, else this one)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (random/chat: exactly)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU: the captured graph; CPU: the decode/verify forward)")
-    parser.add_argument("--kernels", choices=["auto", "torch", "triton"], default="auto",
-                        help="the captured step's kernels: torch ops or hand-written Triton (GPU); "
-                             "auto: Triton on a GPU unless --compile")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the torch step (GPU: the captured graph; CPU: the decode/verify forward)")
+    parser.add_argument("--kernels", choices=["auto", "torch", "triton", "native"], default="auto",
+                        help="the engine's forward pass: torch ops, hand-written Triton (GPU) or native (CPU); "
+                             "auto: Triton on a GPU, native on the CPU, unless --compile")
     parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-llama-cpp-2026-12-01)")

@@ -77,9 +77,9 @@ class LingcodeRunner:
         self.ready = {"load_s": round(time.perf_counter() - started, 2), "name": self.engine.info.name,
                       "versions": {"torch": torch.__version__}, "engine": extra,
                       "eos_token_ids": list(self.engine.info.eos_token_ids)}  # fmt: skip
-        graphs = getattr(self.engine, "graphs", None)
-        if graphs is not None:
-            self.ready["cuda_graph_capture_s"] = round(graphs.capture_s, 2)
+        runner = getattr(self.engine.step, "runner", None)  # captured CUDA graphs (steps.GraphStep)
+        if runner is not None:
+            self.ready["cuda_graph_capture_s"] = round(runner.capture_s, 2)
 
     def plan(self, spec: dict) -> list[dict]:
         from lingcode.bench.decode import workload_requests

@@ -94,7 +94,5 @@ class GraphRunner:
         """One greedy decode step in one replay: the token in tokens[0, 0] at positions[0] (= end - 1)
         is fed, and the argmax of its logits replaces it, positions[0] moving on by one. So the
         next step's inputs never leave the GPU, and the host launches one graph a token instead of a
-        graph and three small kernels. (On the H200 a replay took 0.40 ms and a token 0.43 in the
-        same run before this; the bench after it, in another run, showed no change beyond the
-        ~5 % between runs: bench/results/h200-2026-11-30-summary.md.)"""
+        graph and three small kernels (measured: docs/engine-notes.md)."""
         self.greedy_graphs[self.bucket_for(end)].replay()

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import threading
 import time
 import dataclasses
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -26,16 +26,17 @@ from typing import AsyncIterator
 import torch
 
 from lingcode.engine import ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
-from lingcode.engine.local.cuda_graphs import GraphRunner
 from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore, common_prefix
-from lingcode.engine.local.model import Transformer, row_exact_kv_len
+from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.speculative import (
     DraftLength, Drafter, EarlyExitDrafter, NGramDrafter, verify_greedy, verify_sampled,
 )  # fmt: skip
+from lingcode.engine.local.steps import pick_step
 from lingcode.engine.local.weights import Checkpoint
 
-PREFILL_CHUNK = 512  # prompt tokens per forward while prefilling
+log = logging.getLogger(__name__)
+
 KV_STORE_BYTES = 512 * 1024 * 1024  # saved KV prefixes (kv_store.py), e.g. an agent session's
 
 
@@ -49,6 +50,24 @@ class _Request:
     steps_after_abort: int = 0
 
 
+@dataclass
+class _Run:
+    """One request's decoding state, shared by the prefill, the decode loop and the speculative step."""
+
+    req: _Request
+    cached: int  # prompt tokens whose keys/values the cache held already
+    max_new: int
+    stop_ids: set[int]
+    generator: torch.Generator | None
+    drafter: Drafter | None
+    generated: list[int] = field(default_factory=list)
+    steps: int = 0  # forwards after the prefill (verify or plain steps)
+    drafted: int = 0
+    accepted: int = 0
+    from_prefill: int = 1  # the first token came from the prefill's logits, not from a counted step
+    prefill_ms: float = 0.0
+
+
 class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
@@ -56,23 +75,16 @@ class LocalEngine:
         model: Transformer | None = None, step_cost: list[float] | None = None,
     ):  # fmt: skip
         """model: one build_model() made from this checkpoint already (a prepared one, mapped from the
-        cache); step_cost: what _measure_step_costs() measured for it before."""
+        cache); step_cost: what measure_step_costs() measured for it before."""
         cfg = checkpoint.config
-        kernels = pick_kernels(kernels, device, cuda_graphs, compile)
+        kernels = pick_kernels(kernels, device, cuda_graphs, compile, checkpoint)
         self.speculation, self.draft_layers = parse_speculation(speculation, cfg.n_layers)
         self.device, self.dtype = device, dtype
-        self.model = model if model is not None else build_model(checkpoint, dtype, device)
+        self.model = model if model is not None else build_model(checkpoint, dtype, device, kernels)
         self.model.setup_cache(cfg.context_length)
-        self.graphs = None
-        if device.type == "cuda" and cuda_graphs:
-            self.graphs = GraphRunner(self.model, compile=compile, kernels=kernels)
-        elif kernels != "torch":  # the Triton step runs only as captured graphs
-            raise ValueError(f"--kernels {kernels} needs CUDA graphs on a GPU (this engine: {device}, no graphs)")
-        self.narrow_step = None  # CPU --compile: decode and verify steps through torch.compile
-        if device.type == "cpu" and compile:
-            self.narrow_step = compile_narrow_step(self.model)
-        # ms of a step verifying k drafts, k = 0, 1, ...
-        self.step_cost = step_cost if step_cost is not None and self.narrow_step is None else self._measure_step_costs()
+        self.step = pick_step(checkpoint, self.model, device, kernels, cuda_graphs, compile)
+        # ms of a step verifying k = 0, 1, ... drafts: remembered for a prepared model, not for a compiled step
+        self.step_cost = step_cost if step_cost is not None and not compile else measure_step_costs(self.step, device)
         self.draft_length = DraftLength(self.step_cost)
         self.info = ModelInfo(
             name=checkpoint.name,
@@ -84,7 +96,7 @@ class LocalEngine:
             eos_token=checkpoint.eos_token,
             extra={"engine": "local", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
                    "kv_cache_dtype": str(self.model.layers[0].attn.kv_cache.k.dtype).removeprefix("torch."),
-                   "speculation": speculation, "kernels": kernels},  # fmt: skip
+                   "speculation": speculation, "kernels": kernels, "step": self.step.name},  # fmt: skip
         )
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingcode-engine")
         self._requests: dict[str, _Request] = {}
@@ -167,79 +179,10 @@ class LocalEngine:
     def _forward(self, ids: list[int], start: int, all_logits: bool = False) -> torch.Tensor:
         """Feed ids at positions start..; logits of the last position [V] (or of every one [T, V])."""
         del self._cached_ids[start:]
-        width = self.graphs.width_for(len(ids)) if self.graphs is not None else None
-        if width is not None and start + width <= self.model.max_len:
-            # Pad to a captured width; padded positions write cache entries no one reads as valid.
-            padded = ids + ids[-1:] * (width - len(ids))
-            staging = self.graphs.staging  # pinned; free to reuse: every host-loop step ends in a read
-            staging[:width] = torch.tensor(padded)
-            self.graphs.tokens[0, :width].copy_(staging[:width], non_blocking=True)
-            torch.arange(start, start + width, out=self.graphs.positions[:width])
-            logits = self.graphs.replay(width, start + width)[: len(ids)]
-        else:
-            tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
-            narrow = self.narrow_step is not None and len(ids) <= self.model.row_exact_rows
-            logits = (self.narrow_step if narrow else self.model)(tokens, start, all_logits=all_logits)[0]  # [T, V] or [1, V]
+        logits = self.step(ids, start, all_logits=all_logits)
         self._cached_ids.extend(ids)
         self._counters["forward_passes"] += 1
         return logits if all_logits else logits[-1]
-
-    def _verify(self, fed: list[int], pos: int, draft: list[int], draft_probs, params, generator) -> list[int]:
-        """One step feeding `fed` (tokens the cache lacks, the last one's next token pending) and the
-        draft after them, from pos: the tokens to emit, accepted drafts and the target's own next."""
-        logits = self._forward([*fed, *draft], pos, all_logits=True)[len(fed) - 1 :]
-        if params.greedy:
-            new = verify_greedy(logits, draft)
-        else:
-            new = verify_sampled(logits, draft, draft_probs, params, generator)
-        del self._cached_ids[pos + len(fed) + len(new) - 1 :]  # keys/values of rejected drafts are stale
-        return new
-
-    def _draft_room(self, pos: int, fed: int) -> int:
-        """How many drafts a step feeding `fed` tokens from pos may verify (0 or more): within the
-        captured widths (GPU) or the row-exact rows (CPU), and within the cache bucket of its fed
-        tokens, where each row sums as plain decoding sums it (the Triton step and the CPU's
-        row-exact attention split a row's attention by the bucket; cpu_attention does not, so with
-        the CPU's f16 cache the room is the rows')."""
-        if self.graphs is not None:
-            room = min(self.graphs.widths[-1], self.graphs.bucket_for(pos + fed) - pos) - fed
-        elif self.model.row_exact_rows:
-            end = self.model.max_len if self.model.kv_dtype else row_exact_kv_len(pos + fed, self.model.max_len)
-            room = min(self.model.row_exact_rows, end - pos) - fed
-        else:
-            room = self.draft_length.k_max
-        return max(0, room)
-
-    def _measure_step_costs(self, rounds: int = 4) -> list[float]:
-        """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) on this engine, timed at load
-        on a short context, for DraftLength: what a longer draft costs is what it must earn. Rounds
-        go through every width in turn and each width keeps its fastest time, so that other work on
-        the machine during the load slows all widths alike instead of skewing their ratios."""
-        model, graphs = self.model, self.graphs
-        widths = graphs.widths if graphs is not None else range(1, (model.row_exact_rows or 8) + 1)
-        step = self.narrow_step or model
-        ms = dict.fromkeys(widths, float("inf"))
-        with torch.inference_mode():
-            for round_ in range(rounds + 1):  # round 0 is a warm-up
-                for width in widths:
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    started = time.perf_counter()
-                    if graphs is not None:
-                        graphs.tokens[0, :width].zero_()
-                        torch.arange(width, out=graphs.positions[:width])
-                        graphs.replay(width, width)
-                    else:
-                        step(torch.zeros(1, width, dtype=torch.long, device=self.device), 0, all_logits=width > 1)
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    if round_:
-                        ms[width] = min(ms[width], (time.perf_counter() - started) * 1e3)
-        if graphs is not None:  # a draft is padded up to the next captured width
-            costs = [ms[graphs.width_for(k + 1)] for k in range(graphs.widths[-1])]
-        else:
-            costs = [ms[width] for width in widths]
-        return list(itertools.accumulate(costs, max))  # a wider step costs no less (timing noise aside)
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
         if params.constraint is not None:
@@ -255,117 +198,136 @@ class LocalEngine:
         if self.speculation == "ngram":  # one for every request: it keeps the index of a shared prefix
             self._ngram.copy_recent = params.greedy  # a seeded sample must not depend on earlier requests
             return self._ngram
-        return EarlyExitDrafter(self.model, self.draft_layers, self.device)
+        return EarlyExitDrafter(self.step, self.draft_layers)
 
     def _decode(self, req: _Request) -> None:
-        params, ids = req.params, req.input_ids
-        counters = self._counters
+        params, ids, counters = req.params, req.input_ids, self._counters
         counters["requests"] += 1
         # Reuse the cached prefix; at least one token is fed to get the next token's logits.
         cached = min(self._reuse_prefix(ids), len(ids) - 1)
         counters["prompt_tokens"] += len(ids)
         counters["cached_tokens"] += cached
         counters["prefilled_tokens"] += len(ids) - cached
-        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.info.eos_token_ids))
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        max_new = min(params.max_tokens, self.info.context_length - len(ids))
-
-        drafter = self._drafter(params)
-        if drafter is not None:
-            drafter.start(ids)
-        chunks = self._prefill_steps(cached, len(ids))
-        # The prompt's last chunk (often one typed character: prefix reuse) goes with a draft of what
-        # follows it, verified in the same step: a step sooner to the first tokens. Only where the
-        # drafter needs nothing of that chunk in the cache (n-grams; a one-token chunk).
-        last = chunks.pop() if drafter is not None and (
-            isinstance(drafter, NGramDrafter) or chunks[-1][1] - chunks[-1][0] == 1) else None  # fmt: skip
+        run = _Run(req, cached, max_new=min(params.max_tokens, self.info.context_length - len(ids)),
+                   stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.info.eos_token_ids)),
+                   generator=generator, drafter=self._drafter(params))  # fmt: skip
+        if run.drafter is not None:
+            run.drafter.start(ids)
         t0 = time.perf_counter()
+        logits, tail = self._prefill(run)
+        if req.aborted.is_set():
+            finish = "abort"
+        elif self.step.pipelined and run.drafter is None and params.constraint is None:
+            finish = self._pipelined_loop(run, logits)
+        else:
+            finish = self._decode_loop(run, self._first_tokens(run, logits, tail))
+        self._account(run, finish, (time.perf_counter() - t0) * 1e3)
+
+    def _prefill(self, run: _Run) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
+        """Feed the prompt past the cached prefix, chunk by chunk, checking for an abort between
+        chunks. Returns the last chunk's logits, or (where drafting can use it) that last chunk
+        unfed: often one typed character (prefix reuse), it then goes with a draft of what follows
+        it, verified in the same step: a step sooner to the first tokens. Only where the drafter
+        needs nothing of that chunk in the cache (n-grams; a one-token chunk)."""
+        ids, drafter = run.req.input_ids, run.drafter
+        chunks = self.step.prefill_chunks(run.cached, len(ids))
+        tail = None
+        if drafter is not None and (isinstance(drafter, NGramDrafter) or chunks[-1][1] - chunks[-1][0] == 1):
+            tail = chunks.pop()
+        started = time.perf_counter()
         logits = None
         for start, end in chunks:
-            if req.aborted.is_set():  # between chunks, so an abort lands mid-prefill
+            if run.req.aborted.is_set():  # between chunks, so an abort lands mid-prefill
                 break
             logits = self._forward(ids[start:end], start)
-        prefill_ms = (time.perf_counter() - t0) * 1e3
+        run.prefill_ms = (time.perf_counter() - started) * 1e3
+        return logits, tail
 
-        generated: list[int] = []
-        steps = drafted = accepted = 0
-        from_prefill = 1  # the first token came from the prefill's logits, not from a counted step
-        finish = "abort" if req.aborted.is_set() else None
-        if finish is None and self.graphs is not None and drafter is None and params.constraint is None:
-            finish, steps = self._pipelined_loop(req, logits, generated, stop_ids, max_new, generator, cached)
-        new = []
-        if finish is None and last is not None:
-            start, end = last
-            draft, draft_probs = drafter.propose(self.draft_length.k)
-            draft = draft[: min(self._draft_room(start, end - start), max_new - 1)]
+    def _first_tokens(self, run: _Run, logits: torch.Tensor | None, tail: tuple[int, int] | None) -> list[int]:
+        """The first step's tokens: from the prefill's logits, or the prompt's tail fed with a draft."""
+        ids, params = run.req.input_ids, run.req.params
+        if tail is not None:
+            start, end = tail
+            draft, draft_probs = run.drafter.propose(self.draft_length.k)
+            draft = draft[: min(self.step.draft_room(start, end - start), run.max_new - 1)]
             if draft:
-                new = self._verify(ids[start:end], start, draft, draft_probs, params, generator)
-                drafted, accepted, steps, from_prefill = len(draft), len(new) - 1, 1, 0
-                self.draft_length.update(len(draft), len(new) - 1)
-            else:
-                logits = self._forward(ids[start:end], start)
-        if finish is None and not new:
-            new = [self._choose(logits, params, generator)]
-        while finish is None:
-            new, finish = self._take(new, generated, stop_ids, max_new, params)
-            accept_length = (len(generated) - from_prefill) / steps if drafter is not None and steps else None
-            req.emit(TokenChunk(new, finish, len(ids), cached, accept_length if finish else None))
+                run.from_prefill = 0
+                return self._speculative_step(run, ids[start:end], start, draft, draft_probs)
+            logits = self._forward(ids[start:end], start)
+        return [self._choose(logits, params, run.generator)]
+
+    def _decode_loop(self, run: _Run, new: list[int]) -> str:
+        """Emit tokens step by step, each step plain or speculative, until a stop, the length limit
+        or an abort (checked between steps); returns the finish reason."""
+        req, params, generated = run.req, run.req.params, run.generated
+        n_prompt = len(req.input_ids)
+        while True:
+            new, finish = self._take(new, generated, run.stop_ids, run.max_new, params)
+            accept_length = (len(generated) - run.from_prefill) / run.steps if run.drafter and run.steps else None
+            req.emit(TokenChunk(new, finish, n_prompt, run.cached, accept_length if finish else None))
             if finish is not None:
-                break
+                return finish
             if req.aborted.is_set():
-                finish = "abort"
-                break
-            pos = len(ids) + len(generated) - 1  # the pending token: emitted, not fed yet
+                return "abort"
+            pos = n_prompt + len(generated) - 1  # the pending token: emitted, not fed yet
             draft, draft_probs = [], None
-            if drafter is not None:
-                drafter.extend(new)
-                draft, draft_probs = drafter.propose(self.draft_length.k)
-                draft = draft[: self._draft_room(pos, 1)]
-            draft = draft[: max_new - len(generated)]
+            if run.drafter is not None:
+                run.drafter.extend(new)
+                draft, draft_probs = run.drafter.propose(self.draft_length.k)
+                draft = draft[: self.step.draft_room(pos, 1)]
+            draft = draft[: run.max_new - len(generated)]
             if draft:
-                new = self._verify([generated[-1]], pos, draft, draft_probs, params, generator)
-                drafted += len(draft)
-                accepted += len(new) - 1
-                self.draft_length.update(len(draft), len(new) - 1)
+                new = self._speculative_step(run, [generated[-1]], pos, draft, draft_probs)
             else:
-                if drafter is not None:
+                if run.drafter is not None:
                     self.draft_length.update(0, 0)
-                new = [self._choose(self._forward([generated[-1]], pos), params, generator)]
-            steps += 1
+                new = [self._choose(self._forward([generated[-1]], pos), params, run.generator)]
+                run.steps += 1
             if req.aborted.is_set():
                 req.steps_after_abort += 1
+
+    def _speculative_step(self, run: _Run, fed: list[int], pos: int, draft: list[int], draft_probs) -> list[int]:
+        """One step feeding `fed` (tokens the cache lacks, the last one's next token pending) and the
+        draft after them, from pos: the tokens to emit, accepted drafts and the target's own next."""
+        params = run.req.params
+        logits = self._forward([*fed, *draft], pos, all_logits=True)[len(fed) - 1 :]
+        if params.greedy:
+            new = verify_greedy(logits, draft)
+        else:
+            new = verify_sampled(logits, draft, draft_probs, params, run.generator)
+        del self._cached_ids[pos + len(fed) + len(new) - 1 :]  # keys/values of rejected drafts are stale
+        run.steps += 1
+        run.drafted += len(draft)
+        run.accepted += len(new) - 1
+        self.draft_length.update(len(draft), len(new) - 1)
+        return new
+
+    def _account(self, run: _Run, finish: str, total_ms: float) -> None:
+        req, counters, ids = run.req, self._counters, run.req.input_ids
         if finish == "abort":
-            req.emit(TokenChunk([], "abort", len(ids), cached))
+            req.emit(TokenChunk([], "abort", len(ids), run.cached))
             counters["aborted"] += 1
         else:
             counters["finished"] += 1
-        counters["generated_tokens"] += len(generated)
+        generated, steps = len(run.generated), run.steps
+        counters["generated_tokens"] += generated
         counters["decode_steps"] += steps
-        counters["draft_tokens"] += drafted
-        counters["accepted_draft_tokens"] += accepted
+        counters["draft_tokens"] += run.drafted
+        counters["accepted_draft_tokens"] += run.accepted
         self._last = {
-            "request_id": req.request_id, "prompt_tokens": len(ids), "cached_tokens": cached,
-            "prefilled_tokens": len(ids) - cached, "generated_tokens": len(generated), "finish_reason": finish,
-            "steps_after_abort": req.steps_after_abort, "prefill_ms": round(prefill_ms, 3),
-            "decode_ms": round((time.perf_counter() - t0) * 1e3 - prefill_ms, 3), "decode_steps": steps,
-            "draft_tokens": drafted, "accepted_draft_tokens": accepted,
-            "accept_length": round((len(generated) - 1) / steps, 3) if steps else None,
+            "request_id": req.request_id, "prompt_tokens": len(ids), "cached_tokens": run.cached,
+            "prefilled_tokens": len(ids) - run.cached, "generated_tokens": generated, "finish_reason": finish,
+            "steps_after_abort": req.steps_after_abort, "prefill_ms": round(run.prefill_ms, 3),
+            "decode_ms": round(total_ms - run.prefill_ms, 3), "decode_steps": steps,
+            "draft_tokens": run.drafted, "accepted_draft_tokens": run.accepted,
+            "accept_length": round((generated - 1) / steps, 3) if steps else None,
         }  # fmt: skip
 
-    def _prefill_steps(self, start: int, end: int) -> list[tuple[int, int]]:
-        """Chunks of at most PREFILL_CHUNK tokens. On the CPU the prompt's last token must come from
-        a row-exact step (model.py), as every decoded token does, or the first token would depend on
-        how much of the prompt was cached: a tail too wide for one is cut off the last chunk."""
-        rows = self.model.row_exact_rows
-        if rows and (end - start > rows or row_exact_kv_len(start + 1, self.model.max_len) < end):
-            steps = [(s, min(s + PREFILL_CHUNK, end - 1)) for s in range(start, end - 1, PREFILL_CHUNK)]
-            return steps + [(end - 1, end)]
-        return [(s, min(s + PREFILL_CHUNK, end)) for s in range(start, end, PREFILL_CHUNK)]
-
-    def _pipelined_loop(self, req, logits, generated, stop_ids, max_new, generator, cached) -> tuple[str, int]:
+    def _pipelined_loop(self, run: _Run, logits: torch.Tensor) -> str:
         """Plain decoding on the GPU with no host wait on the critical path.
 
         The sampled token stays on the device and feeds the next step directly; step k+1 is
@@ -373,8 +335,9 @@ class LocalEngine:
         copy into pinned memory. The host's Python (stop checks, streaming) then overlaps the GPU's
         work instead of idling it. A token read after a stop costs one wasted step, never a wrong one.
         """
-        params, n_prompt = req.params, len(req.input_ids)
-        runner = self.graphs
+        req, params, generator, generated = run.req, run.req.params, run.generator, run.generated
+        n_prompt = len(req.input_ids)
+        runner = self.step.runner
         host, ready = runner.readback, runner.ready  # allocated once: pinned allocations are slow
         token = sample(logits, params, generator).view(1)
         host[0:1].copy_(token, non_blocking=True)
@@ -382,9 +345,9 @@ class LocalEngine:
         if params.greedy:  # the token and its position stay in the runner's buffers (replay_greedy)
             runner.tokens[0, :1].copy_(token)
             runner.positions[:1].fill_(n_prompt)
-        finish, step, replays, pos = None, 0, 0, n_prompt  # pos: where the token being read will sit
+        finish, step, pos = None, 0, n_prompt  # pos: where the token being read will sit
         while finish is None:
-            fed = len(generated) + 1 < max_new
+            fed = len(generated) + 1 < run.max_new
             if fed:  # enqueue the next step before reading this one's token
                 if params.greedy:
                     runner.replay_greedy(pos + 1)
@@ -396,21 +359,21 @@ class LocalEngine:
                 slot = (step + 1) % 2
                 host[slot : slot + 1].copy_(token, non_blocking=True)
                 ready[slot].record()
-                replays += 1
+                run.steps += 1
             ready[step % 2].synchronize()  # waits for step k only: step k+1 is already queued behind it
             self._counters["host_waits"] += 1
             value = int(host[step % 2])
             if fed:
                 self._cached_ids.append(value)
                 self._counters["forward_passes"] += 1
-            new, finish = self._take([value], generated, stop_ids, max_new, params)
-            req.emit(TokenChunk(new, finish, n_prompt, cached))
+            new, finish = self._take([value], generated, run.stop_ids, run.max_new, params)
+            req.emit(TokenChunk(new, finish, n_prompt, run.cached))
             if finish is None and req.aborted.is_set():
                 finish = "abort"
                 req.steps_after_abort = int(fed)  # at most the one step already queued
             step += 1
             pos += 1
-        return finish, replays
+        return finish
 
     @staticmethod
     def _take(new, generated, stop_ids, max_new, params) -> tuple[list[int], str | None]:
@@ -446,39 +409,55 @@ class LocalEngine:
         return live
 
 
-def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device) -> Transformer:
-    """The checkpoint's weights as the engine runs them on this device (no KV cache yet)."""
+def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, kernels: str = "torch") -> Transformer:
+    """The checkpoint's weights as the engine runs them on this device with these kernels (no KV cache yet)."""
     model = Transformer.from_weights(checkpoint.config, checkpoint.weights, dtype, device)
-    if device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
+    if device.type == "cpu" and kernels == "native":  # the native step reads the file's blocks itself
+        model.use_native_step()
+    elif device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
         model.use_cpu_matmuls(checkpoint.q4)
     return model
 
 
-def compile_narrow_step(model: Transformer):
-    """torch.compile the CPU's decode/verify forward (up to row_exact_rows tokens): Inductor fuses
-    the small elementwise ops between the matmuls, which at batch 1 cost as much as the matmuls.
-    Measured on 2 cores, context 800 (bench/cpu_variants.py --compile): 15 ms a step vs 24 ms
-    eager; compiling took 123 s (less from Inductor's on-disk cache). dynamic=True: one graph for every width and
-    position. Warmed up here, at load, on positions the first request overwrites (not 0 or 1:
-    Dynamo specializes those values, and a real step would compile again)."""
-    # Inductor warns when a fused kernel mixes the f16 cache's writes with the bf16 inputs of the
-    # int4 matmuls; it then computes that kernel in f32, which is what the step means anyway.
-    warnings.filterwarnings("ignore", message="bf16 and fp16 are mixed in the scheduler node")
-    step = torch.compile(model.forward, dynamic=True)
+def measure_step_costs(step, device: torch.device, rounds: int = 4) -> list[float]:
+    """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) with this step, timed at load on a
+    short context, for DraftLength: what a longer draft costs is what it must earn. Rounds go
+    through every width in turn and each width keeps its fastest time, so that other work on the
+    machine during the load slows all widths alike instead of skewing their ratios."""
+    ms = dict.fromkeys(step.widths, float("inf"))
     with torch.inference_mode():
-        for width in (1, 2, 3):
-            for all_logits in (False, True):
-                step(torch.zeros(1, width, dtype=torch.long), 300 + width, all_logits=all_logits)
-    return step
+        for round_ in range(rounds + 1):  # round 0 is a warm-up
+            for width in step.widths:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                step([0] * width, 0, all_logits=width > 1)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if round_:
+                    ms[width] = min(ms[width], (time.perf_counter() - started) * 1e3)
+    costs = [ms[step.padded_width(k + 1)] for k in range(step.widths[-1])]  # a draft is padded up to a step width
+    return list(itertools.accumulate(costs, max))  # a wider step costs no less (timing noise aside)
 
 
-def pick_kernels(kernels: str, device: torch.device, cuda_graphs: bool, compile: bool) -> str:
-    """"auto": the Triton step where it can run (captured graphs on a GPU, Triton importable, no
-    torch.compile, which is for the torch kernels), else torch. On the H200 it decodes 4x faster
-    than the torch step (bench/results/h200-2026-11-30-summary.md)."""
+def pick_kernels(kernels: str, device: torch.device, cuda_graphs: bool, compile: bool, checkpoint=None) -> str:
+    """"auto": on a GPU the Triton step where it can run (captured graphs on a GPU, Triton
+    importable, no torch.compile, which is for the torch kernels), else torch; on the CPU the
+    native step where it can run (lingcode's native code builds, the model's matrices are in a
+    format it reads, no torch.compile), else torch; the reason it cannot is logged."""
     if kernels != "auto":
         return kernels
-    if device.type != "cuda" or not cuda_graphs or compile:
+    if device.type == "cpu":
+        if compile:
+            return "torch"
+        from lingcode.engine.local import cpu_step
+
+        reason = cpu_step.unavailable(checkpoint) if checkpoint is not None else "no checkpoint given"
+        if reason is not None:
+            log.warning("the native CPU step cannot run this model here (%s): using torch's kernels", reason)
+            return "torch"
+        return "native"
+    if not cuda_graphs or compile:
         return "torch"
     try:
         import triton  # noqa: F401
@@ -509,31 +488,36 @@ def load_engine(
     model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True,
     compile: bool = False, kernels: str = "auto",
 ) -> LocalEngine:
-    """Load a GGUF file or Hugging Face directory: bf16 with CUDA graphs on a GPU; on the CPU f32
-    activations with bf16 matmuls, and a quantized GGUF's own 4-bit weights for decoding.
+    """Load a GGUF file or Hugging Face directory: bf16 with CUDA graphs on a GPU; on the CPU the
+    native step on a GGUF's own blocks, or f32 activations with torch's bf16 and int4 matmuls.
 
-    kernels: what the captured GPU step runs, "torch" (model.py), "triton" (triton_step.py) or
-    "auto" (pick_kernels)."""
+    kernels: what the step runs: "torch" (model.py), "triton" (triton_step.py, GPU), "native"
+    (cpu_step.cpp, CPU) or "auto" (pick_kernels)."""
     from lingcode.engine.local.weights import load_checkpoint
 
     dev = pick_device(device)
     dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     if dev.type != "cpu":
         return LocalEngine(load_checkpoint(model_path), dev, dtype, speculation, cuda_graphs, compile, kernels=kernels)
-    from lingcode.engine.local import cpu_attention, prepared
+    from lingcode.engine.local import cpu_native, prepared
+
+    if kernels == "auto" and compile:
+        kernels = "torch"
 
     def build():
         checkpoint = load_checkpoint(model_path)
-        model = build_model(checkpoint, dtype, dev)
-        return dataclasses.replace(checkpoint, weights={}, q4={}), model  # the model holds the tensors
+        chosen = pick_kernels(kernels, dev, cuda_graphs, compile, checkpoint)
+        model = build_model(checkpoint, dtype, dev, chosen)
+        return dataclasses.replace(checkpoint, weights={}, q4={}), model, chosen  # the model holds the tensors
 
-    # The kernel is loaded in this process before the key is made: the prepared model's cache type depends on it.
-    (checkpoint, model), name = prepared.load_or_build(Path(model_path), "cpu-float32", build,
-                                                       extra=f"cpu_attention={cpu_attention.load()}")  # fmt: skip
+    # The native code is loaded in this process before the key is made: the prepared model depends on it.
+    (checkpoint, model, chosen), name = prepared.load_or_build(
+        Path(model_path), f"cpu-float32-{kernels}", build, extra=f"cpu_native={cpu_native.load() is not None}"
+    )
     what = f"step_cost_ms threads={torch.get_num_threads()}"
     step_cost = prepared.recall(name, what)
-    engine = LocalEngine(checkpoint, dev, dtype, speculation, cuda_graphs, compile, kernels=kernels, model=model,
+    engine = LocalEngine(checkpoint, dev, dtype, speculation, cuda_graphs, compile, kernels=chosen, model=model,
                          step_cost=step_cost)  # fmt: skip
-    if step_cost is None and engine.narrow_step is None:
+    if step_cost is None and not compile:
         prepared.remember(name, what, engine.step_cost)
     return engine

@@ -14,15 +14,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lingcode.engine.local import cpu_attention
+from lingcode.engine.local import cpu_native
 from lingcode.engine.local.quantized import MAX_QUANTIZED_ROWS, CpuLinear, Q4Weight
 from lingcode.engine.local.weights import ModelConfig
 
 # Eager GPU forwards (prefill, the early-exit draft) leave out cuDNN's attention: it builds a graph
 # per input shape and keeps it for good (a thread-local cache with no limit), and eager shapes
-# change with every prompt length and position. On the H200 that grew the daemon's host memory
-# ~1.9 MB per new shape (bench/cuda_shape_caches.py; bench/results/soak-h200-*). Captured steps
-# (forward_static) keep cuDNN: their shapes are fixed at load, so its cache stays as it was.
+# change with every prompt length and position: the daemon's host memory grew with every new
+# shape (docs/engine-notes.md). Captured steps (forward_static) keep cuDNN: their shapes are fixed
+# at load, so its cache stays as it was.
 EAGER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -42,17 +42,12 @@ class KVCache(nn.Module):
     Both are [1, KV, max_len, D] to every reader. With transposed_keys (the CPU) the keys are
     stored position-last, [1, KV, D, max_len], and `k` is a transposed view of that: the score
     matmul q @ k^T then reads k^T as a plain row-major matrix, where the position-first layout made
-    MKL copy (pack) the keys on every step: `perf record` of the compiled decode step at context
-    1000 on 2 cores had 9 % of its samples in that copy (mkl_blas_avx512_sgemm_scopy_right48_ea),
-    none with the keys position-last. The logits are the same bit for bit; the step ~3 % faster
-    in one side-by-side run (14.2 vs 14.7 ms), within this machine's drift in another
-    (bench/cpu_key_layout.py, bench/results/cpu-key-layout-2026-11-30.txt). Position-last keys
-    are stored for a multiple of 16 positions: cpu_attention reads them 16 at a time.
+    MKL copy (pack) the keys on every step. Position-last keys are stored for a multiple of 16
+    positions: cpu_attention reads them 16 at a time.
 
-    The CPU's cache is f16 (model.kv_dtype) where cpu_attention builds: half the bytes a step
-    reads. f16, not bf16: its 11-bit significand keeps the logits nearer the f32 cache's (largest
-    difference 0.27 vs 0.46 over a 27-wide span, verify step at context 1000), and AVX-512 converts
-    it in one instruction (bench/cpu_attention.py, bench/results/cpu-attention-2026-11-30.txt).
+    The CPU's cache is f16 (model.kv_dtype) where lingcode's native code builds: half the bytes a
+    step reads. f16, not bf16: its 11-bit significand keeps the logits nearer the f32 cache's, and
+    AVX-512 converts it in one instruction. (Measurements: docs/engine-notes.md.)
     """
 
     def __init__(self, max_len: int, n_kv_heads: int, head_dim: int, dtype, device, transposed_keys: bool = False):
@@ -90,20 +85,25 @@ def row_exact_kv_len(end: int, max_len: int) -> int:
 def row_exact_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """Attention whose result for a query row does not depend on the other rows fed with it.
 
-    torch's CPU SDPA kernels give a query a slightly different result when it comes with other
-    queries or over a different number of keys, and in bf16 matmuls that difference grows into a
-    different token: a verified draft would not be exactly what plain decoding picks. Here every
-    row is a batched matmul over the same key count (a bucket, the rest masked), which gives the
-    same numbers for a row alone or among up to eight others (tested), so speculation stays lossless
-    as long as a verify step does not cross a bucket boundary (the engine cuts drafts to fit).
+    torch's CPU kernels (SDPA, and a batched matmul over several tokens' rows) give a query slightly
+    different numbers when it comes with other queries or over a different number of keys, and over
+    many layers that difference grows into a different token: a verified draft would not be exactly
+    what plain decoding picks. Here each token's rows are one batched matmul of the same shape
+    (its group of heads per KV head) over the same key count (a bucket, the rest masked), whatever
+    the step's width, so the same kernel computes them; speculation stays lossless as long as a
+    verify step does not cross a bucket boundary (the CPU's torch step cuts drafts to fit).
     q [1, H, T, D]; k, v [1, KV, L, D]; mask [T, L] (True = visible).
     """
     _, n_heads, t, d = q.shape
     n_kv = k.shape[1]
-    q = q[0].reshape(n_kv, n_heads // n_kv * t, d)  # head h uses kv head h // (H / KV): rows (group, t)
-    scores = torch.bmm(q, k[0].transpose(1, 2)) * d**-0.5
-    scores = scores.masked_fill(~mask.repeat(n_heads // n_kv, 1)[None], float("-inf"))
-    return torch.bmm(torch.softmax(scores, -1), v[0]).view(1, n_heads, t, d)
+    keys = k[0].transpose(1, 2)
+    rows = []
+    for i in range(t):
+        qi = q[0, :, i].reshape(n_kv, n_heads // n_kv, d)  # head h uses kv head h // (H / KV)
+        scores = torch.bmm(qi, keys) * d**-0.5
+        scores = scores.masked_fill(~mask[i][None, None], float("-inf"))
+        rows.append(torch.bmm(torch.softmax(scores, -1), v[0]).view(n_heads, d))
+    return torch.stack(rows, 1)[None]
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -132,7 +132,7 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         k, v = self.kv_cache.update(where, k, v, kv_len)
         if k.dtype != q.dtype and t <= MAX_QUANTIZED_ROWS:  # the CPU's f16 cache: decode and verify steps
-            y = cpu_attention.decode_attention(q, self.kv_cache.k, self.kv_cache.v, where)
+            y = cpu_native.decode_attention(q, self.kv_cache.k, self.kv_cache.v, where)
         else:
             k, v = k.to(q.dtype), v.to(q.dtype)  # a CPU prefill over the f16 cache computes in f32
             if self.row_exact and mask is not None and mask.shape[-1] == kv_len:
@@ -214,8 +214,18 @@ class Transformer(nn.Module):
             layer.attn.row_exact = True
         self.output = CpuLinear(self.output.weight, q4.get("output", []))
         self.row_exact_rows = MAX_QUANTIZED_ROWS
-        if cpu_attention.load():  # half the cache's bytes per step; else f32 and row_exact_attention
+        if cpu_native.load() is not None:  # half the cache's bytes per step; else f32 and row_exact_attention
             self.kv_dtype = torch.float16
+
+    def use_native_step(self) -> None:
+        """For the native step (cpu_step.cpp), which reads the file's blocks itself: an f16 cache, and
+        no dense copy of the matrices and embeddings, which it never reads (forward() cannot run)."""
+        empty = nn.Parameter(torch.empty(0), requires_grad=False)
+        for layer in self.layers:
+            layer.attn.wqkv.weight = layer.attn.wo.weight = empty
+            layer.ffn.w_gate_up.weight = layer.ffn.w_down.weight = empty
+        self.tok_embeddings.weight = self.output.weight = empty
+        self.kv_dtype = torch.float16
 
     def setup_cache(self, max_len: int, transposed_keys: bool | None = None) -> None:
         """A KV cache for max_len positions; keys stored position-last on the CPU unless told (KVCache)."""

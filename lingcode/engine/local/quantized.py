@@ -1,4 +1,4 @@
-"""Weight-only int4 matmuls: how the CPU decodes at the speed of a quantized file.
+"""Weight-only int4 matmuls: how the CPU's torch step decodes at the speed of a quantized file.
 
 A batch-1 decode step reads every weight once to produce one row, so on the CPU its time is the
 weights' bytes over memory bandwidth (and whether they fit in the last-level cache). GGUF's Q4_1
@@ -7,14 +7,8 @@ kernel computes w = (q - 8) * scale + zero: with zero = min + 8 * scale it is th
 decoding runs the file's own 4-bit codes, as llama.cpp does (its f16 scales and mins rounded to
 bf16, the kernel's type). Q8_0 (the output head) is split into two 4-bit parts (q8_from_blocks).
 Wide inputs (prefill chunks) go to the dense bf16 weight instead: there oneDNN's bf16 GEMM (AMX)
-beats the int4 kernel, which unpacks the weights again for every call.
-
-`bench/cpu_variants.py` measures it (2 cores of this repo's CI machine, Xeon with AMX,
-SmolLM2-135M; bench/results/cpu-variants-2026-11-29.txt): a decode step at context 800 takes
-24 ms vs 38 ms with the f32 dense weights, a 512-token prefill chunk 526 ms vs 753 ms, and the
-next token is the f32 weights' 196 times in 200. Measured once with scratch scripts, not kept:
-the int4 kernel on a 512-token chunk was slower than f32 (~1.1 s), and torch's int8 kernel as the
-head (one scale per row, not per 32 weights) picked the f32 weights' token only 182 times in 200.
+beats the int4 kernel, which unpacks the weights again for every call. (The CPU's default is the
+native step, cpu_step.cpp; measurements of both: docs/engine-notes.md.)
 """
 
 from __future__ import annotations

@@ -49,16 +49,13 @@ class NGramDrafter:
     For greedy requests it looks first in the outputs of the last few requests, then in the
     sequence itself. An editor asks again after each keystroke that leaves the suggestion shown,
     and the model's new text often repeats parts of what it suggested just before (the rest of a
-    line after a different character, the same call's arguments), text that is in no prompt.
-    `python3 bench/lsp_replay_drafts.py` replays the 142 engine calls of `lingcode bench lsp
-    --start-line 77`, each with and without this (2-core machine): 948 forward passes instead of
-    1007, 0.953 of the engine time, the same outputs (bench/results/lsp-replay-drafts-2026-11-30.txt).
+    line after a different character, the same call's arguments), text that is in no prompt
+    (measured by bench/lsp_replay_drafts.py: docs/engine-notes.md).
 
     One drafter serves request after request: start() keeps the index of the tokens the new
     sequence shares with the last one and indexes only the rest, so a keystroke's completion (the
-    same ~1000-token prompt plus a character) does not index the whole prompt again (that took
-    ~1 ms of Python before each first token). Every key set records the value it replaced, so
-    the index can be wound back to any shorter sequence exactly.
+    same ~1000-token prompt plus a character) does not index the whole prompt again. Every key set
+    records the value it replaced, so the index can be wound back to any shorter sequence exactly.
     """
 
     def __init__(self, max_n: int = 4, min_n: int = 2):
@@ -194,9 +191,8 @@ class DraftLength:
     acceptance rate and what a step of each width costs.
 
     If each draft token is accepted with probability a (given the ones before it were), a draft of
-    k tokens yields 1 + a + ... + a^k tokens per verify step. A wider step costs more (on 2 CPU
-    cores a width-8 step costs twice a width-1 step; on the H200 the Triton step's 2.4 times), so
-    with low acceptance a short draft, or none, is fastest, and with high acceptance a long one.
+    k tokens yields 1 + a + ... + a^k tokens per verify step. A wider step costs more (how much
+    depends on the step: docs/engine-notes.md), so with low acceptance a short draft, or none, is fastest, and with high acceptance a long one.
     step_cost[k]: the cost of a step verifying k drafts (k + 1 tokens), k = 0..k_max; the engine
     measures it at load. a is estimated from recent steps (geometric: accepted tokens over accepted
     tokens plus rejections, decayed); steps without a draft let it drift back to its prior, so a
@@ -243,8 +239,8 @@ class EarlyExitDrafter:
     Drafts are greedy, so q is a point mass (verify_sampled's q=None case).
     """
 
-    def __init__(self, model, n_layers: int, device):
-        self.model, self.n_layers, self.device = model, n_layers, device
+    def __init__(self, step, n_layers: int):
+        self.step, self.n_layers = step, n_layers  # step: the engine's forward pass (steps.py)
         self.length = 0  # tokens in the sequence; the last one is pending (not fed to the target)
         self.last = 0
 
@@ -258,8 +254,7 @@ class EarlyExitDrafter:
     def propose(self, k: int) -> tuple[list[int], Tensor | None]:
         token, pos, draft = self.last, self.length - 1, []
         for _ in range(k):
-            logits = self.model(torch.tensor([[token]], device=self.device), pos, n_layers=self.n_layers)
-            token = int(logits[0, -1].argmax())
+            token = int(self.step([token], pos, n_layers=self.n_layers)[-1].argmax())
             draft.append(token)
             pos += 1
         return draft, None

@@ -22,9 +22,8 @@ the very code plain decoding runs for that token (one binary for every W: W is n
 with the same blocks and the same order of sums, so each row's numbers are bit for bit what a
 one-token step gives (with tensor-core dots over 16 padded rows, verify steps rounded differently
 and a verified draft changed a greedy token on the H200). Tensor-core dots for every step, a
-one-token step too, would be exact as well, and were measured (commit abc38c2,
-bench/results/h200-2026-11-30-triton-dots.txt): 0.81 ms a step at every width, against 0.42 ms
-for a one-token step and 0.99 for a width-8 step row by row, so decoding stays with row sums.
+one-token step too, would be exact as well, but were slower than row sums for decode steps
+(docs/engine-notes.md), so decoding stays with row sums.
 Attention runs one program per query token and split; its splits depend on the cache bucket, so
 the engine keeps a verify step within one bucket.
 
@@ -69,7 +68,7 @@ _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 MAX_ROWS = 16  # the most tokens a step takes (the attention's split counters are per token)
 # GEMV blocks per weight matrix, (BLOCK_N, num_warps), for every step width. BLOCK_N counts output
 # rows, row pairs for qkv and gate/up. Decoding wants many small programs, each waiting on little
-# memory (the H200 has 132 SMs). The fastest of a sweep on an H200 (bench/triton_blocks.py).
+# memory (the H200 has 132 SMs). The fastest of a sweep on an H200 (bench/triton_blocks.py; notes).
 BLOCKS = {
     "qkv": (4, 2),  # 480 RoPE row pairs (960 rows) of 576
     "wo": (4, 4),  # 576 rows of 576
@@ -78,7 +77,7 @@ BLOCKS = {
     "lm_head": (8, 4),  # 49152 rows of 576
 }
 # Rows of x a GEMV program computes in turn, its weight block loaded once, per weight matrix: the
-# fastest verify steps of 1, 2, 4 and 8 on an H200 (bench/triton_vs_torch.py, 2026-11-30: width 8 0.99 ms vs 1.11)
+# fastest verify steps of 1, 2, 4 and 8 on an H200 (bench/triton_vs_torch.py; docs/engine-notes.md)
 ROWS = {"qkv": 2, "wo": 2, "gate_up": 2, "down": 2, "lm_head": 2}
 ATTN_BLOCK_KV = 128  # cache entries per attention tile
 ATTN_MAX_SPLITS = 16  # cache splits per KV head (48 programs at most), so few partial results to combine

@@ -35,6 +35,16 @@ class ModelConfig:
         return self.dim // self.n_heads
 
 
+@dataclass(frozen=True)
+class GgufTensor:
+    """Where a tensor's blocks are in a GGUF file, for code that reads them as stored (cpu_step.py)."""
+
+    type: int  # ggml's type id (GGMLQuantizationType): 2 Q4_0, 3 Q4_1, 8 Q8_0, ...
+    rows: int
+    cols: int
+    offset: int  # of its data, from the file's start
+
+
 @dataclass
 class Checkpoint:
     name: str
@@ -47,6 +57,8 @@ class Checkpoint:
     eos_token: str | None
     # GGUF Q4_1 / Q8_0 weights as stored, each as a sum of 4-bit parts (quantized.py); "output": the head
     q4: dict[str, list[Q4Weight]] = field(default_factory=dict)
+    gguf_path: Path | None = None
+    gguf_tensors: dict[str, GgufTensor] = field(default_factory=dict)  # our names, as in weights
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -117,12 +129,19 @@ def _load_gguf(path: Path) -> Checkpoint:
 
     weights: dict[str, torch.Tensor] = {}
     q4: dict[str, list[Q4Weight]] = {}
+    stored: dict[str, GgufTensor] = {}
     head = "output.weight" if any(t.name == "output.weight" for t in reader.tensors) else "token_embd.weight"
     for t in reader.tensors:
         # GGUF shapes are reversed (fastest dim first); dequantize returns the numpy (row-major) shape.
         array = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
         tensor = torch.from_numpy(array).reshape(*reversed([int(d) for d in t.shape]))
         name = t.name
+        key = {"token_embd.weight": "tok_embeddings", "output_norm.weight": "norm", "output.weight": "output"}.get(name)
+        if name.startswith("blk.") and name.split(".", 2)[2] in _GGUF_NAMES:
+            key = f"layers.{name.split('.')[1]}.{_GGUF_NAMES[name.split('.', 2)[2]]}"
+        if key is not None and tensor.dim() <= 2:
+            rows, cols = (1, *tensor.shape) if tensor.dim() == 1 else tensor.shape
+            stored[key] = GgufTensor(int(t.tensor_type), rows, cols, int(t.data_offset))
         if name == head and t.tensor_type.name in ("Q4_1", "Q8_0"):
             parse = q4_from_blocks if t.tensor_type.name == "Q4_1" else q8_from_blocks
             q4["output"] = [parse(t.data, *tensor.shape)] if parse is q4_from_blocks else parse(t.data, *tensor.shape)
@@ -169,6 +188,8 @@ def _load_gguf(path: Path) -> Checkpoint:
         eos_token_ids=tuple(dict.fromkeys(eos_ids)),
         eos_token=tokens[eos_id] if eos_id is not None else None,
         q4=q4,
+        gguf_path=path,
+        gguf_tensors=stored,
     )
 
 

@@ -1,0 +1,223 @@
+"""The native CPU step (cpu_step.cpp): the whole forward pass in one call on the GGUF's own blocks.
+
+It must stay as near the f32 model as llama.cpp does on the same file (both quantize activations
+to 8 bits per block of 32), give every row the same numbers whatever the step's width and the
+thread count, so that greedy drafts equal plain decoding token for token, and the engine must
+fall back to torch's kernels, and say why, where it cannot run. Drafts are lossless on every
+kernel set the CPU engine runs: native, torch with the f16 cache, torch with the f32 cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lingcode.engine import SamplingParams
+from lingcode.engine.local import cpu_native, load_engine
+from lingcode.engine.local.engine import pick_kernels
+from lingcode.engine.local.model import Transformer
+from lingcode.engine.local.weights import load_checkpoint
+from lingcode.text.chat_template import render_chat
+
+# Another project's file to edit (not lingcode's, not the bench's workload).
+GO_FILE = """package config
+
+import (
+\t"encoding/json"
+\t"errors"
+\t"os"
+)
+
+// Config holds the settings of the mirror daemon.
+type Config struct {
+\tListen   string   `json:"listen"`
+\tUpstream string   `json:"upstream"`
+\tMirrors  []string `json:"mirrors"`
+\tRetries  int      `json:"retries"`
+}
+
+var ErrNoUpstream = errors.New("config: no upstream")
+
+// parseConfig reads a JSON file and checks it.
+func parseConfig(path string) (*Config, error) {
+\tdata, err := os.ReadFile(path)
+\tif err != nil {
+\t\treturn nil, err
+\t}
+\tvar c Config
+\tif err := json.Unmarshal(data, &c); err != nil {
+\t\treturn nil, err
+\t}
+\tif c.Upstream == "" {
+\t\treturn nil, ErrNoUpstream
+\t}
+\tif c.Retries == 0 {
+\t\tc.Retries = 3
+\t}
+\treturn &c, nil
+}
+"""
+PROMPTS = {
+    "code edit": f"Rename parseConfig to loadConfig and output the whole file:\n```go\n{GO_FILE}```",
+    "chat": "What is the difference between a process and a thread?",
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(model_path):
+    return load_checkpoint(model_path)
+
+
+@pytest.fixture(scope="module")
+def f32_engine(model_path):
+    """The CPU engine where lingcode's native code is not available (no compiler, or switched
+    off): torch's kernels and an f32 KV cache."""
+    loaded = list(cpu_native._loaded)
+    cpu_native._loaded[:] = [None]
+    try:
+        yield load_engine(model_path, device="cpu")
+    finally:
+        cpu_native._loaded[:] = loaded
+
+
+def chat_ids(engine, text: str) -> list[int]:
+    return engine.info.tokenizer.encode(render_chat(engine.info.chat_template, [{"role": "user", "content": text}]))
+
+
+async def generate(engine, ids: list[int], speculation: str, max_tokens: int = 96) -> list[int]:
+    engine.set_speculation(speculation)
+    engine.reset_cache()
+    out: list[int] = []
+    async for chunk in engine.generate(f"cpu-step-{speculation}", ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)):
+        out += chunk.token_ids
+    return out
+
+
+def test_the_native_step_is_the_cpu_default(engine):
+    assert engine.info.extra["step"] == engine.info.extra["kernels"] == "native"
+    assert engine.info.extra["kv_cache_dtype"] == "float16"
+
+
+def test_it_stays_as_near_the_f32_model_as_llama_cpp(engine, checkpoint):
+    """300 positions of a Go file through the f32 model (the file's weights dequantized, f32
+    activations and cache) and through the native step. Measured on this text's kind (the first 300
+    tokens of speculative.py): native mean |logit difference| 0.150, the same argmax at 94.3 % of
+    positions; llama.cpp on the same GGUF 0.157-0.167 and 93.7-95.0 % (docs/engine-notes.md)."""
+    ids = checkpoint.tokenizer.encode(GO_FILE * 3)[:300]
+    reference = Transformer.from_weights(checkpoint.config, checkpoint.weights, torch.float32, torch.device("cpu"))
+    reference.setup_cache(512, transposed_keys=False)
+    try:
+        with torch.inference_mode():
+            expected = reference(torch.tensor([ids]), 0, all_logits=True)[0]
+            ours = engine.step(ids, 0, all_logits=True)
+    finally:
+        engine.reset_cache()
+    difference = (ours - expected).abs()
+    agree = (ours.argmax(-1) == expected.argmax(-1)).float().mean().item()
+    assert difference.mean() < 0.25 and difference.max() < 5, (difference.mean(), difference.max())
+    assert agree >= 0.9, agree
+
+
+def test_a_row_gets_the_same_numbers_at_every_width_and_thread_count(engine):
+    """Logits of 40 tokens fed at positions 240..279 (across a 256-position attention chunk), in one
+    step, in steps of every width, and on 1 and 3 threads: equal bit for bit."""
+    step = engine.step
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(100, 40000, (240,), generator=gen).tolist()
+    ids = torch.randint(100, 40000, (40,), generator=gen).tolist()
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            step(context, 0)
+            together = step(ids, 240, all_logits=True)
+            for width in (1, 2, 3, 5, 8, 13):
+                pieces = [step(ids[s : s + width], 240 + s, all_logits=True) for s in range(0, len(ids), width)]
+                assert torch.equal(torch.cat(pieces), together), width
+            assert torch.equal(step(ids, 240)[0], together[-1])  # the last row alone, as prefill gives it
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                assert torch.equal(step(ids, 240, all_logits=True), together), n
+    finally:
+        torch.set_num_threads(threads)
+        engine.reset_cache()
+
+
+@pytest.mark.parametrize("kernels", ["native", "torch", "torch-f32"])
+@pytest.mark.parametrize("prompt", PROMPTS)
+async def test_greedy_drafts_equal_plain_decoding_on_every_cpu_kernel_set(
+    kernels, prompt, engine, torch_cpu_engine, f32_engine
+):  # fmt: skip
+    engine = {"native": engine, "torch": torch_cpu_engine, "torch-f32": f32_engine}[kernels]
+    before = engine.stats()["accepted_draft_tokens"]
+    try:
+        ids = chat_ids(engine, PROMPTS[prompt])
+        plain = await generate(engine, ids, "off")
+        assert await generate(engine, ids, "ngram") == plain
+    finally:
+        engine.set_speculation("ngram")
+    if prompt == "code edit":  # the answer copies parts of the file: drafts were verified and kept
+        assert engine.stats()["accepted_draft_tokens"] - before >= 5
+
+
+def test_without_native_code_the_engine_uses_torch_and_says_why(f32_engine, checkpoint, caplog):
+    assert f32_engine.info.extra["step"] == "torch-cpu" and f32_engine.info.extra["kv_cache_dtype"] == "float32"
+    loaded = list(cpu_native._loaded)
+    cpu_native._loaded[:] = [None]
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert pick_kernels("auto", torch.device("cpu"), True, False, checkpoint) == "torch"
+        assert "native CPU code is not built" in caplog.text
+        with pytest.raises(ValueError, match="--kernels native cannot run"):
+            load_engine(checkpoint.gguf_path, device="cpu", kernels="native")
+    finally:
+        cpu_native._loaded[:] = loaded
+
+
+VARIANT_SCRIPT = """
+import sys, torch
+from lingcode.engine.local import cpu_native
+from lingcode.engine.local.weights import load_checkpoint
+lib = cpu_native.load()
+assert lib is not None, "no build"
+ck = load_checkpoint(sys.argv[1])
+x = torch.randn(5, 576, generator=torch.Generator().manual_seed(0))
+out = {"isa": lib.isa()}
+for name in ("layers.3.w_gate", "tok_embeddings"):
+    t = ck.gguf_tensors[name]
+    out[name] = lib.repack(str(ck.gguf_path), t.type, t.cols, [(t.offset, t.rows, None)]).matmul(x)
+torch.save(out, sys.argv[2])
+"""
+
+# -march targets for the other kernel paths, and the CPU flag each needs to run here
+VARIANTS = {"skylake-avx512": "avx512bw", "haswell": "avx2", "x86-64-v2": "sse4_2"}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the kernel variants are x86's")
+def test_every_kernel_path_computes_the_same_matmuls(model_path, tmp_path):
+    """The AVX-512 (BW), AVX2 and portable builds (-march=...) give the same matmul outputs as this
+    machine's build, bit for bit: their integer dot products are exact and their float chains the
+    same. (Each build takes ~30 s of CPU the first time; they are kept in lingcode's cache, each
+    under its own name, like the host's build.)"""
+    flags = cpu_native._cpu_flags().split()
+
+    def run(march: str | None) -> dict:
+        env = {**os.environ, **({"LINGCODE_CPU_MARCH": march} if march else {})}
+        out = tmp_path / f"{march}.pt"
+        subprocess.run([sys.executable, "-c", VARIANT_SCRIPT, str(model_path), str(out)], env=env, check=True)
+        return torch.load(out)
+
+    host = run(None)
+    seen = {host["isa"]}
+    for march, flag in VARIANTS.items():
+        if flag not in flags:
+            continue
+        variant = run(march)
+        seen.add(variant["isa"])
+        for name in ("layers.3.w_gate", "tok_embeddings"):
+            assert torch.equal(variant[name], host[name]), (march, variant["isa"], name)
+    assert len(seen) >= 3, seen  # the variants did build other kernel paths
