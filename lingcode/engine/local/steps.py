@@ -33,7 +33,8 @@ NATIVE_WIDTHS = 8  # the widest native verify step: the pending token and 7 draf
 
 class TorchStep:
     """model.py's forward, eager: a GPU without captured graphs. Its kernels give no row-exact
-    guarantee; drafts are verified up to 7 at a time, whatever the width fed before them."""
+    guarantee: a token verified among drafts could differ from plain decoding's (it did, at token
+    16 of a code edit on the H200), so this step offers no drafts: lossless or not at all."""
 
     name = "torch"
     pipelined = False
@@ -41,6 +42,8 @@ class TorchStep:
     def __init__(self, model: Transformer, device: torch.device):
         self.model, self.device = model, device
         self.widths = range(1, 9)
+        if device.type == "cuda":
+            log.warning("the GPU without CUDA graphs: no drafts (eager verify steps are not bit-exact with plain decoding)")
 
     def __call__(self, ids: list[int], start: int, all_logits: bool = False, n_layers: int | None = None):
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
@@ -50,7 +53,7 @@ class TorchStep:
         return n
 
     def draft_room(self, pos: int, fed: int) -> int:
-        return self.widths[-1] - 1
+        return 0
 
     def prefill_chunks(self, start: int, end: int) -> list[tuple[int, int]]:
         return [(s, min(s + PREFILL_CHUNK, end)) for s in range(start, end, PREFILL_CHUNK)]
@@ -131,6 +134,9 @@ class GraphStep:
         self.model, self.device = model, device
         self.runner = GraphRunner(model, compile=compile, kernels=kernels)
         self.name = f"cuda-graphs-{kernels}"
+        self.lossless = kernels == "triton"
+        if not self.lossless:
+            log.warning("--kernels %s on a GPU: no drafts (its verify steps are not bit-exact with plain decoding)", kernels)
         self.widths = self.runner.widths
         self.eager = TorchStep(model, device)
 
@@ -151,6 +157,10 @@ class GraphStep:
         return self.runner.width_for(n)
 
     def draft_room(self, pos: int, fed: int) -> int:
+        # Captured torch ops are not row-exact across widths (TorchStep): drafts only on the Triton
+        # step, whose verify widths run the same per-row code as the plain step.
+        if not self.lossless:
+            return 0
         runner = self.runner
         return max(0, min(runner.widths[-1], runner.bucket_for(pos + fed) - pos) - fed)
 
