@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One H200 measurement in one invocation (< 10 minutes): the GPU tests of the embedded engine, what
-# the daemon adds to the engine (`lingcode bench daemon`, local engine and the SGLang adapter
+# One H200 measurement in one invocation (< 10 minutes): what the daemon adds to the engine (`lingcode bench daemon`, local engine and the SGLang adapter
 # against its stand-in), and decode speed with and without drafts on each GPU kernel set
 # (`lingcode bench`: the Triton step, the default, and the torch step), whose "same tokens" column
 # is the lossless check: greedy drafts must give plain decoding's tokens.
-# Run from the repo root on the GPU machine: bench/h200.sh OUTDIR
+# Run from the repo root on the GPU machine: bench/h200.sh OUTDIR [PARTS], PARTS a subset of
+# "tests daemon kernels" (default: all three; each part fits one 10-minute call on its own).
 # Needs: the default model's GGUF at $LINGCODE_MODEL, `lingcode` importable (the package's folders:
 # lingcode/, with server/, lsp/, tui/ reachable as lingcode.server etc.), and pyproject.toml's
 # dependencies that the machine lacks, carried as wheels (pip install --no-index --target DIR *.whl):
@@ -12,6 +12,7 @@
 # $LINGCODE_COMMIT names the commit measured (the machine's copy has no history).
 set -uo pipefail
 out=${1:-bench/results}
+parts=${2:-tests daemon kernels}
 mkdir -p "$out"
 export LINGCODE_HOME=${LINGCODE_HOME:-/tmp/lingcode-home}
 mkdir -p "$LINGCODE_HOME/cache/models"
@@ -21,21 +22,29 @@ stamp=$(date -u +%Y-%m-%d)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$out/gpu.txt"
 
-echo "== GPU tests"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -15 | tee "$out/gpu-tests.txt"
-
+if [[ $parts == *daemon* ]]; then
 echo "== the daemon's overhead (local engine, default kernels; then with the standard asyncio loop)"
 daemon="python3 -m lingcode bench daemon --device cuda --workload chat,code-edit --requests 3 --max-tokens 512"
-timeout 200 $daemon --speculation off,ngram --out "$out/daemon-h200-$stamp" > "$out/daemon-h200.log" 2>&1
-timeout 150 $daemon --speculation ngram --serve-env LINGCODE_EVENT_LOOP=asyncio \
+timeout 210 $daemon --speculation off,ngram --out "$out/daemon-h200-$stamp" > "$out/daemon-h200.log" 2>&1
+timeout 120 $daemon --speculation ngram --serve-env LINGCODE_EVENT_LOOP=asyncio \
   --out "$out/daemon-h200-asyncio-$stamp" > "$out/daemon-h200-asyncio.log" 2>&1
-timeout 100 python3 -m lingcode bench daemon --engine sglang --workload chat,code-edit --requests 3 --max-tokens 512 \
+timeout 90 python3 -m lingcode bench daemon --engine sglang --workload chat,code-edit --requests 3 --max-tokens 512 \
   --out "$out/daemon-sglang-h200host-$stamp" > "$out/daemon-sglang.log" 2>&1
 
+fi
+
+if [[ $parts == *tests* ]]; then
+echo "== GPU tests"
+timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -15 | tee "$out/gpu-tests.txt"
+
+fi
+
+if [[ $parts == *kernels* ]]; then
 echo "== decode speed and losslessness per kernel set"
 for kernels in triton torch; do
-  timeout 150 python3 -m lingcode bench --device cuda --kernels $kernels --workload chat,code-edit \
+  timeout 140 python3 -m lingcode bench --device cuda --kernels $kernels --workload chat,code-edit \
     --speculation off,ngram --requests 3 --max-tokens 256 --out "$out/h200-$kernels-$stamp" 2>&1 \
     | grep -v '━' > "$out/bench-$kernels.txt"
 done
+fi
 for f in "$out"/daemon-*"$stamp".md "$out"/h200-*"$stamp".md; do echo "-- $f"; sed -n '/^|/p' "$f" | head -12; done
