@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One H200 measurement in one invocation (< 10 minutes): what the daemon adds to the engine (`lingcode bench daemon`, local engine and the SGLang adapter
-# against its stand-in), and decode speed with and without drafts on each GPU kernel set
+# One H200 measurement: what the daemon adds to the engine (`lingcode bench daemon`, local engine
+# and the SGLang adapter against its stand-in), the GPU tests of the embedded engine, and decode speed with and without drafts on each GPU kernel set
 # (`lingcode bench`: the Triton step, the default, and the torch step), whose "same tokens" column
 # is the lossless check: greedy drafts must give plain decoding's tokens.
 # Run from the repo root on the GPU machine: bench/h200.sh OUTDIR [PARTS], PARTS a subset of
