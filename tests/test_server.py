@@ -470,7 +470,7 @@ def test_full_queue_is_429_with_retry_after(client, http, daemon):
 
 
 def test_prefix_reuse_prefills_only_the_new_tokens(client, http, info):
-    first_turn = user("What is the capital of France?")
+    first_turn = user("What is the capital of Germany?")
     first = client.chat.completions.create(model="m", messages=first_turn, max_tokens=32, **GREEDY)
     answer = first.choices[0].message.content
     assert first.choices[0].finish_reason == "stop", answer  # ended by <|im_end|>: the cache holds it all

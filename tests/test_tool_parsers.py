@@ -222,13 +222,15 @@ def test_families_from_data():
 
 
 @pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
-def test_a_call_that_repeats_the_previous_one_is_dropped_and_ends_the_turn(step):
-    """lingcode.pipeline.turns' call filter: a repeat is held while it matches, dropped when it
-    completes identical; a call that differs is released as soon as it does (none is lost)."""
+def test_a_call_that_repeats_an_earlier_one_is_dropped_and_ends_the_turn(step):
+    """lingcode.pipeline.turns' call filter: a repeat of any earlier call is held while it matches,
+    dropped when it completes identical; a call that differs is released as soon as it does (none
+    is lost)."""
     from lingcode.pipeline.turns import _CallFilter
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>\n'
-    cases = {("Paris", "Paris"): ["Paris"], ("Paris", "Parma"): ["Paris", "Parma"], ("Paris", "Paris2"): ["Paris", "Paris2"]}
+    cases = {("Paris", "Paris"): ["Paris"], ("Paris", "Parma"): ["Paris", "Parma"], ("Paris", "Paris2"): ["Paris", "Paris2"],
+             ("Paris", "Rome", "Paris", "Rome"): ["Paris", "Rome"], ("Paris", "Rome", "Parma"): ["Paris", "Rome", "Parma"]}
     for cities, expected in cases.items():
         calls = _CallFilter(make_parser("hermes", [Tool("get_weather")]))
         text, events = "".join(call % c for c in cities), []

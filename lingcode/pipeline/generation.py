@@ -158,6 +158,14 @@ class TextChunk:
     cached_tokens: int = 0  # prompt tokens the engine reused from its KV cache
 
 
+class EndRequest:
+    """Handed to generate_text by a reader that decides the text is over (a turn whose model began
+    to repeat a tool call): after setting `requested`, its next read is the final chunk (finish
+    "stop", with usage and timing), without waiting for the engine; the engine is aborted."""
+
+    requested = False
+
+
 # A looping answer: its last LOOP_SPAN tokens (or more, for long blocks) repeat, with a period of at
 # most LOOP_MAX_PERIOD tokens, what came just before them. Small models at low temperature fall
 # into such loops and would otherwise fill the context.
@@ -190,12 +198,13 @@ async def generate_text(
     priority: Priority = Priority.NORMAL,
     latest_wins: str | None = None,
     stop_loops: bool = False,
+    end: EndRequest | None = None,
 ) -> AsyncIterator[TextChunk]:
     """Stream a request's text. Closing this iterator early aborts the request in the engine.
 
     `cut` ends the text where the caller's rule says, after the stop strings; `priority` and
     `latest_wins` go to the scheduler; `stop_loops` ends a looping answer with finish_reason
-    "length". Every stream's outcome (timings, finish reason, abort, failure) goes to
+    "length"; `end` lets the reader end the text early (EndRequest). Every stream's outcome (timings, finish reason, abort, failure) goes to
     lingcode.pipeline.metrics.
     """
     end_ids = frozenset(params.stop_token_ids) | (
@@ -269,6 +278,10 @@ async def generate_text(
                     break
                 if text:
                     yield TextChunk(text, chunk.token_ids, cached_tokens=cached)
+                    if end is not None and end.requested:
+                        text, last_ids, finish = "", [], "stop"  # what came before was read already
+                        yield final()
+                        return
         yield final()
     except (GeneratorExit, asyncio.CancelledError):  # the consumer stopped reading, or was cancelled (its
         if not ended:  # client left) while it waited for the next chunk: nobody will read the rest

@@ -27,7 +27,7 @@ from lingcode.agent.reasoning import ReasoningSplitter
 from lingcode.agent.tool_parsers import CallArgs, CallStart, Text, Tool, ToolCall, make_parser, tool_call_grammar
 from lingcode.engine import ModelInfo, SamplingParams, TokenConstraint
 from lingcode.pipeline import metrics
-from lingcode.pipeline.generation import TextCut, Timing, Usage, generate_text
+from lingcode.pipeline.generation import EndRequest, TextCut, Timing, Usage, generate_text
 from lingcode.pipeline.scheduler import Priority, Scheduler
 from lingcode.text.families import Family
 
@@ -156,9 +156,10 @@ async def run_turn(scheduler: Scheduler, info: ModelInfo, turn: Turn) -> AsyncIt
             return events + [Content(answer)] if answer else events
         return events + parser.feed(answer)
 
+    end = EndRequest()
     text = generate_text(scheduler, info.tokenizer, turn.request_id, turn.input_ids, turn.params, turn.stop,
                          cut=turn.cut, priority=turn.priority, latest_wins=turn.latest_wins,
-                         stop_loops=turn.stop_loops)  # fmt: skip
+                         stop_loops=turn.stop_loops, end=end)  # fmt: skip
     started = False
     trace = metrics.trace.get() or metrics.Trace()
     async with aclosing(text) as chunks:
@@ -171,7 +172,11 @@ async def run_turn(scheduler: Scheduler, info: ModelInfo, turn: Turn) -> AsyncIt
             events += read(*splitter.feed(chunk.text)) if splitter else read("", chunk.text)
             finish_reason = chunk.finish_reason
             if finish_reason is None and parser is not None and parser.repeated:
-                finish_reason = "stop"  # the model began a call it had already made: the turn is over
+                # The model began a call it had already made: the turn is over. The final chunk
+                # (usage, timing) comes at once, and the engine stops.
+                end.requested = True
+                chunk = await anext(chunks)
+                finish_reason = "stop"
             if finish_reason is not None:
                 if splitter:
                     events += read(*splitter.finish(finish_reason != "abort"))
@@ -206,20 +211,22 @@ class _CallFilter:
 
     - markup of an unfinished call is never text: a stream that ends inside `<tool_call>` before
       the call's name arrived yields nothing for it;
-    - a call that repeats the one before it (same name, same arguments) is not a second call: its
-      events are held while it matches the previous call so far, and if it completes identical it
-      is dropped and the turn ends (small models asked to call a tool repeat the call until the
-      token limit; agents would run it twice). A call that differs is released as soon as it does.
+    - a call that repeats one made earlier in the turn (same name, same arguments) is not another
+      call: its events are held while it matches an earlier call so far, and if it completes
+      identical it is dropped and the turn ends (small models asked to call a tool repeat a call,
+      or cycle through two, until the token limit; agents would run it twice). A call that differs
+      from every earlier one is released as soon as it does.
     """
 
     def __init__(self, parser):
         self.parser = parser
-        self.held: list = []  # events of a call that so far repeats the previous one
+        self.held: list = []  # events of a call that so far repeats an earlier one
         self.repeated = False  # a complete repeat was dropped: the turn should end
+        self._end: int | None = None  # the dropped call's index: it and any after it are not calls
 
     @property
     def calls(self) -> list[ToolCall]:
-        return self.parser.calls[: len(self.parser.calls) - (1 if self.repeated else 0)]
+        return self.parser.calls[: self._end]
 
     def feed(self, text: str) -> list[TurnEvent]:
         return self._filter(self.parser.feed(text), done=False) if not self.repeated else []
@@ -232,11 +239,14 @@ class _CallFilter:
     def _filter(self, events: list, done: bool) -> list[TurnEvent]:
         out: list[TurnEvent] = []
         for event in events:
-            if isinstance(event, Text):
+            if self.held and isinstance(event, (Text, CallStart)):  # the held call is complete
+                if self._made_before():
+                    self._drop()
+                    return out
                 out += self._release()
+            if isinstance(event, Text):
                 out.append(Content(event.text))
             elif isinstance(event, CallStart):
-                out += self._release()
                 self.held = [event] if event.index > 0 else []
                 if not self.held:
                     out.append(event)
@@ -246,7 +256,7 @@ class _CallFilter:
                 out.append(event)
             out += self._check()
         if self.held and self._complete():  # the closing tag may come in a feed with no event of its own
-            if self._same_as_previous():
+            if self._made_before():
                 self._drop()
                 return out
             out += self._release()
@@ -254,24 +264,29 @@ class _CallFilter:
             out += self._release()
         return out
 
+    def _current(self) -> tuple[list[ToolCall], ToolCall]:
+        index = self.held[0].index
+        return self.parser.calls[:index], self.parser.calls[index]
+
     def _check(self) -> list[TurnEvent]:
-        """Release the held call once it differs from the previous one."""
+        """Release the held call once it differs from every earlier one."""
         if not self.held:
             return []
-        calls = self.parser.calls
-        current, previous = calls[-1], calls[-2]
-        if current.name != previous.name or not previous.arguments.startswith(current.arguments):
+        earlier, current = self._current()
+        if not any(c.name == current.name and c.arguments.startswith(current.arguments) for c in earlier):
             return self._release()
         return []
 
     def _complete(self) -> bool:
-        return self.parser.body is None  # the call's closing tag arrived
+        # its closing tag arrived: a later call began, or the parser is between calls
+        return self.held[0].index < len(self.parser.calls) - 1 or self.parser.body is None
 
-    def _same_as_previous(self) -> bool:
-        calls = self.parser.calls
-        return calls[-1].name == calls[-2].name and calls[-1].arguments == calls[-2].arguments
+    def _made_before(self) -> bool:
+        earlier, current = self._current()
+        return any(c.name == current.name and c.arguments == current.arguments for c in earlier)
 
     def _drop(self) -> None:
+        self._end = self.held[0].index
         self.held = []
         self.repeated = True
 
