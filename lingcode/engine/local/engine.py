@@ -193,8 +193,10 @@ class LocalEngine:
         return token
 
     def _drafter(self, params: SamplingParams) -> Drafter | None:
-        if self.speculation == "off" or params.constraint is not None:
-            return None  # a grammar would have to roll drafts back too: one token per step instead
+        if self.speculation == "off" or params.constraint is not None or not self.step.drafts:
+            # a grammar would have to roll drafts back too; a step that is not bit-exact across
+            # widths would change the answer (steps.TorchStep): one token per step instead
+            return None
         if self.speculation == "ngram":  # one for every request: it keeps the index of a shared prefix
             self._ngram.copy_recent = params.greedy  # a seeded sample must not depend on earlier requests
             return self._ngram

@@ -7,6 +7,7 @@ Every backend is a Step with one interface, which is all the engine's loops call
   step.prefill_chunks(start, end): the forwards that feed a prompt's positions start..end-1
   step.widths, step.padded_width(n): the step widths worth timing at load, what n tokens run as
   step.pipelined: whether plain decoding can run ahead of the host (captured CUDA graphs)
+  step.drafts: whether it verifies drafts at all (only where verifying is bit-exact: lossless)
 
 Backends: NativeCpuStep (cpu_step.cpp: the whole model in one call; the CPU default where it
 builds), TorchCpuStep (model.py on torch's CPU kernels, optionally torch.compile'd), TorchStep
@@ -38,12 +39,11 @@ class TorchStep:
 
     name = "torch"
     pipelined = False
+    drafts = False
 
     def __init__(self, model: Transformer, device: torch.device):
         self.model, self.device = model, device
         self.widths = range(1, 9)
-        if device.type == "cuda":
-            log.warning("the GPU without CUDA graphs: no drafts (eager verify steps are not bit-exact with plain decoding)")
 
     def __call__(self, ids: list[int], start: int, all_logits: bool = False, n_layers: int | None = None):
         tokens = torch.tensor([ids], dtype=torch.long, device=self.device)
@@ -71,6 +71,7 @@ class TorchCpuStep(TorchStep):
     chunk: else the first token would depend on how much of the prompt was cached."""
 
     name = "torch-cpu"
+    drafts = True
 
     def __init__(self, model: Transformer, compile: bool = False):
         super().__init__(model, torch.device("cpu"))
@@ -104,6 +105,7 @@ class NativeCpuStep:
 
     name = "native"
     pipelined = False
+    drafts = True
 
     def __init__(self, native, max_len: int):
         self.native, self.max_len = native, max_len
@@ -134,8 +136,8 @@ class GraphStep:
         self.model, self.device = model, device
         self.runner = GraphRunner(model, compile=compile, kernels=kernels)
         self.name = f"cuda-graphs-{kernels}"
-        self.lossless = kernels == "triton"
-        if not self.lossless:
+        self.drafts = kernels == "triton"
+        if not self.drafts:
             log.warning("--kernels %s on a GPU: no drafts (its verify steps are not bit-exact with plain decoding)", kernels)
         self.widths = self.runner.widths
         self.eager = TorchStep(model, device)
@@ -159,7 +161,7 @@ class GraphStep:
     def draft_room(self, pos: int, fed: int) -> int:
         # Captured torch ops are not row-exact across widths (TorchStep): drafts only on the Triton
         # step, whose verify widths run the same per-row code as the plain step.
-        if not self.lossless:
+        if not self.drafts:
             return 0
         runner = self.runner
         return max(0, min(runner.widths[-1], runner.bucket_for(pos + fed) - pos) - fed)
@@ -175,6 +177,7 @@ def pick_step(checkpoint, model: Transformer, device: torch.device, kernels: str
             return GraphStep(model, device, compile, kernels)
         if kernels != "torch":  # the Triton step runs only as captured graphs
             raise ValueError(f"--kernels {kernels} needs CUDA graphs on a GPU (this engine: {device}, no graphs)")
+        log.warning("the GPU without CUDA graphs: no drafts (eager verify steps are not bit-exact with plain decoding)")
         return TorchStep(model, device)
     if kernels == "native":
         from lingcode.engine.local import cpu_step
