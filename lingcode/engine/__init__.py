@@ -97,6 +97,9 @@ def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
 # How long a worker thread's chunks may wait for the event loop at most, once one is waiting: the
 # loop then reads every chunk that piled up as one, instead of waking for each decode step.
 STREAM_INTERVAL_S = 0.004
+# The same where the engine's threads use every core (the CPU engine): each wake-up there delays
+# the engine's step, so fewer of them (a text still streams at 40 updates a second).
+CPU_STREAM_INTERVAL_S = 0.025
 
 
 class ChunkChannel:

@@ -25,7 +25,10 @@ from typing import AsyncIterator
 
 import torch
 
-from lingcode.engine import ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams, TokenChunk
+from lingcode.engine import (
+    CPU_STREAM_INTERVAL_S, STREAM_INTERVAL_S, ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams,
+    TokenChunk,
+)
 from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore, common_prefix
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
@@ -86,6 +89,12 @@ class LocalEngine:
         # ms of a step verifying k = 0, 1, ... drafts: remembered for a prepared model, not for a compiled step
         self.step_cost = step_cost if step_cost is not None and not compile else measure_step_costs(self.step, device)
         self.draft_length = DraftLength(self.step_cost)
+        # Every wake-up of the event loop (detokenize, parsers, an SSE frame, the client reading it)
+        # takes a core from the step's threads when they use every core (the CPU), and the other
+        # thread then waits at its barrier: wake it less often there (docs/engine-notes.md).
+        all_cores = device.type == "cpu" and torch.get_num_threads() >= len(os.sched_getaffinity(0))
+        self.stream_interval_s = float(os.environ.get("LINGCODE_STREAM_INTERVAL_MS", 0)) / 1e3 or (
+            CPU_STREAM_INTERVAL_S if all_cores else STREAM_INTERVAL_S)  # fmt: skip
         self.info = ModelInfo(
             name=checkpoint.name,
             context_length=cfg.context_length,
@@ -133,7 +142,7 @@ class LocalEngine:
                 f"{len(input_ids)} input tokens leave no room in the model's context of "
                 f"{self.info.context_length} tokens"
             )
-        chunks = ChunkChannel(asyncio.get_running_loop())
+        chunks = ChunkChannel(asyncio.get_running_loop(), self.stream_interval_s)
         req = _Request(request_id, list(input_ids), params, chunks.put)
         self._requests[request_id] = req
         done = asyncio.wrap_future(self._worker.submit(self._run, req))
