@@ -67,6 +67,10 @@ class SamplingParams:
     final_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     constraint: TokenConstraint | None = field(default=None, compare=False)  # stateful: one per request
+    # The text layer decides where this generation ends (stop strings, an editor's cut rules): hand
+    # it the tokens at STREAM_INTERVAL_S even where the engine would wait longer (the CPU), so that
+    # it answers and stops the engine soon after the end.
+    text_ends: bool = False
 
     @property
     def greedy(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Protocol, Sequence
 
 from lingcode.pipeline import metrics
@@ -236,6 +236,8 @@ async def generate_text(
         metrics.record_end(label, request_id, last)
         return last
 
+    if stop or cut is not None:
+        params = replace(params, text_ends=True)
     chunks = scheduler.generate(request_id, input_ids, params, priority=priority, latest_wins=latest_wins)
     try:
         async with aclosing(chunks):

@@ -142,7 +142,7 @@ class LocalEngine:
                 f"{len(input_ids)} input tokens leave no room in the model's context of "
                 f"{self.info.context_length} tokens"
             )
-        chunks = ChunkChannel(asyncio.get_running_loop(), self.stream_interval_s)
+        chunks = ChunkChannel(asyncio.get_running_loop(), STREAM_INTERVAL_S if params.text_ends else self.stream_interval_s)
         req = _Request(request_id, list(input_ids), params, chunks.put)
         self._requests[request_id] = req
         done = asyncio.wrap_future(self._worker.submit(self._run, req))
