@@ -92,7 +92,8 @@ class LocalEngine:
         # Every wake-up of the event loop (detokenize, parsers, an SSE frame, the client reading it)
         # takes a core from the step's threads when they use every core (the CPU), and the other
         # thread then waits at its barrier: wake it less often there (docs/engine-notes.md).
-        all_cores = device.type == "cpu" and torch.get_num_threads() >= len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+        all_cores = device.type == "cpu" and torch.get_num_threads() >= cores
         self.stream_interval_s = float(os.environ.get("LINGCODE_STREAM_INTERVAL_MS", 0)) / 1e3 or (
             CPU_STREAM_INTERVAL_S if all_cores else STREAM_INTERVAL_S)  # fmt: skip
         self.info = ModelInfo(
