@@ -1,5 +1,6 @@
 """Benchmarks, not tests: `lingcode bench` (decode speed, decode.py) and `lingcode bench NAME` (NAME.py with main(args)), on real parts."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,3 +18,13 @@ def source_commit() -> str:
         return done.stdout.strip()
     except OSError:
         return ""
+
+
+def write_result(out: str | Path | None, result: dict, table: str, indent: int = 2) -> None:
+    """OUT.json (the result) and OUT.md (its table), where --out asked for them."""
+    if out is None:
+        return
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=indent) + "\n")
+    out.with_suffix(".md").write_text(table)

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from lingcode.bench import source_commit
+from lingcode.bench import source_commit, write_result
 
 # A code edit of a file that is not lingcode's own (a small JavaScript module), and a chat question.
 CODE = """\
@@ -381,8 +381,5 @@ def main(args: argparse.Namespace) -> int:
     }  # fmt: skip
     text = markdown(report)
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-        args.out.with_suffix(".md").write_text(text)
+    write_result(args.out, report, text, indent=1)
     return 0

@@ -20,9 +20,8 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
-from lingcode.bench import REPO, source_commit
+from lingcode.bench import REPO, source_commit, write_result
 
 TOOL_SETS = {"opencode": "opencode_tools.json", "claude-code": "claude_code_tools.json", "codex": "codex_tools.json"}
 # One real call per tool set, as the model writes it (json.dumps' separators).
@@ -203,11 +202,7 @@ def main(args) -> int:
               "pathological": patho}  # fmt: skip
     table = render(result)
     print(table)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        out.with_suffix(".md").write_text(table)
+    write_result(args.out, result, table)
     return 0
 
 

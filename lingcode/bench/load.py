@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from lingcode import models, paths
-from lingcode.bench import source_commit
+from lingcode.bench import source_commit, write_result
 
 GOAL_S = 3.0
 
@@ -85,11 +85,7 @@ def main(args) -> int:
               "goal_s": GOAL_S, "rows": rows}  # fmt: skip
     table = render(result)
     print(table)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        out.with_suffix(".md").write_text(table)
+    write_result(args.out, result, table)
     return 0
 
 

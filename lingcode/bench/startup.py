@@ -15,9 +15,8 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
-from lingcode.bench import source_commit
+from lingcode.bench import source_commit, write_result
 
 COMMANDS = (("--help",), ("models",), ("doctor",), ("sglang-args",), ("lsp", "--help"), ("pull",))
 GOAL_MS = 300.0
@@ -88,11 +87,7 @@ def main(args) -> int:
               "python": sys.version.split()[0], "goal_ms": GOAL_MS, "rows": rows}  # fmt: skip
     table = render(result)
     print(table)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-        out.with_suffix(".md").write_text(table)
+    write_result(args.out, result, table)
     return 0
 
 
