@@ -5,6 +5,9 @@ Times Llama.eval (one token) and the bare llama_decode call on the same GGUF and
 after a prompt, as medians. Run with the peer's Python (make llama-cpp-peer):
 
     .venv-llama-cpp/bin/python bench/llama_cpp_decode.py MODEL.gguf [--threads 2] [--tokens 128]
+
+--ask QUESTION also prints llama.cpp's greedy chat answer to it (30 tokens), to compare with
+lingcode's on the same file.
 """
 
 import argparse
@@ -20,8 +23,13 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--ask", action="append", default=[], metavar="QUESTION")
     args = parser.parse_args()
     llm = Llama(args.model, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=2048, verbose=False)
+    for question in args.ask:
+        reply = llm.create_chat_completion(messages=[{"role": "user", "content": question}], temperature=0, max_tokens=30)
+        print(f"{question!r} -> {reply['choices'][0]['message']['content']!r}")
+    llm.reset()
     prompt = llm.tokenize(b"def fibonacci(n):\n    " * 10)
     llm.eval(prompt)
 
