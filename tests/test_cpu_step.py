@@ -13,6 +13,8 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -144,6 +146,36 @@ def test_a_row_gets_the_same_numbers_at_every_width_and_thread_count(engine):
                 assert torch.equal(step(ids, 240, all_logits=True), together), n
     finally:
         torch.set_num_threads(threads)
+        engine.reset_cache()
+
+
+def test_the_step_threads_always_wake_each_other(engine):
+    """A step's threads wait for each other at every barrier, and the helper waits for the next step:
+    a wait that outlasts its spin sleeps in the kernel, and a wake-up lost there would hang the
+    engine for good. Another process takes a core (the two threads then share one, so barrier waits
+    sleep) and steps come with pauses (the helper sleeps between them): every step must return."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    native, done = engine.step.native, []
+
+    def steps():
+        with torch.inference_mode():
+            engine.step(list(range(100, 164)), 0)
+            for i in range(400):
+                engine.step([100 + i], 64 + i % 64)
+                if i % 8 == 0:
+                    time.sleep(0.002)  # longer than the helper spins between steps
+                done.append(i)
+
+    try:
+        slept = native.sleeps()
+        worker = threading.Thread(target=steps, daemon=True)
+        worker.start()
+        worker.join(300)
+        assert not worker.is_alive(), f"a step never returned, after {len(done)} steps"
+        assert len(done) == 400 and native.sleeps() > slept  # the sleeping path ran, and was woken
+    finally:
+        hog.kill()
+        hog.wait()
         engine.reset_cache()
 
 

@@ -28,7 +28,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
 #include <atomic>
+#include <climits>
+#include <cstdint>
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -660,25 +667,24 @@ inline void cpu_relax() {
 #endif
 }
 
-// Wait until `value` is no longer `old`: spin within the budget, then sleep (futex) until woken.
-template <typename T>
-T wait_while(const std::atomic<T>& value, T old, Spin& spin) {
-  for (int i = 0; i < spin.budget; ++i) {
-    const T now = value.load(std::memory_order_acquire);
-    if (now != old) {
-      spin.budget = std::min(spin.most, 2 * spin.budget);
-      return now;
-    }
-    cpu_relax();
-  }
-  const auto started = std::chrono::steady_clock::now();
-  T now;
-  while ((now = value.load(std::memory_order_acquire)) == old) value.wait(old, std::memory_order_acquire);
-  const auto waited = std::chrono::steady_clock::now() - started;
-  const bool short_wait = waited < std::chrono::nanoseconds(40) * spin.most;  // ~33 ns a pause, and a margin
-  spin.budget = short_wait ? std::min(spin.most, 2 * spin.budget) : std::max(16, spin.budget / 2);
-  return now;
+// Sleeping and waking. A waiter spins within its budget, then counts itself in `sleepers` and sleeps
+// in the kernel while the word still holds `old` (the kernel checks, so a change between our check
+// and the sleep is never slept through). A waker changes the word first and calls the kernel only
+// if someone may sleep. Both sides are seq_cst, so either the waker sees the sleeper or the
+// sleeper sees the new value. (With std::atomic's wait and notify_all, libstdc++ 12 skips the wake
+// on a check of its own waiter count that a release store is not ordered before; the step once
+// slept 15 minutes with every thread waiting: docs/engine-notes.md.)
+#if defined(__linux__)
+inline void sleep_while(std::atomic<uint32_t>& word, uint32_t old) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, old, nullptr, nullptr, 0);
 }
+inline void wake_all(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+}
+#else
+inline void sleep_while(std::atomic<uint32_t>& word, uint32_t old) { word.wait(old, std::memory_order_seq_cst); }
+inline void wake_all(std::atomic<uint32_t>& word) { word.notify_all(); }
+#endif
 
 thread_local Spin barrier_spin{2000, 2000};  // ~66 us
 thread_local Spin idle_spin{20000, 20000};   // between steps, while the caller runs a little Python
@@ -693,31 +699,60 @@ class Pool {
     resize(n);
     if (n == 1) return f(0, 1);
     task_ = &f;
-    running_.store(n - 1, std::memory_order_relaxed);
-    epoch_.fetch_add(1, std::memory_order_release);
-    epoch_.notify_all();
+    running_.store(n - 1, std::memory_order_seq_cst);
+    publish(epoch_, epoch_.load(std::memory_order_relaxed) + 1);
     f(0, n);
-    for (int left = running_.load(std::memory_order_acquire); left != 0;) left = wait_while(running_, left, barrier_spin);
+    for (uint32_t left = running_.load(std::memory_order_seq_cst); left != 0;) left = wait_while(running_, left, barrier_spin);
   }
 
   // Every thread of the call waits here until all have arrived.
   void barrier() {
-    const uint32_t generation = generation_.load(std::memory_order_acquire);
+    const uint32_t generation = generation_.load(std::memory_order_seq_cst);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) == int(helpers_.size())) {
       arrived_.store(0, std::memory_order_relaxed);
-      generation_.store(generation + 1, std::memory_order_release);
-      generation_.notify_all();
+      publish(generation_, generation + 1);
       return;
     }
     wait_while(generation_, generation, barrier_spin);
   }
 
+  // How many times a wait went to sleep (tests: the sleeping path ran).
+  uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+
  private:
+  void publish(std::atomic<uint32_t>& word, uint32_t value) {
+    word.store(value, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) != 0) wake_all(word);
+  }
+
+  // Wait until `word` is no longer `old`: spin within the budget, then sleep until woken.
+  uint32_t wait_while(std::atomic<uint32_t>& word, uint32_t old, Spin& spin) {
+    for (int i = 0; i < spin.budget; ++i) {
+      const uint32_t now = word.load(std::memory_order_acquire);
+      if (now != old) {
+        spin.budget = std::min(spin.most, 2 * spin.budget);
+        return now;
+      }
+      cpu_relax();
+    }
+    const auto started = std::chrono::steady_clock::now();
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t now;
+    while ((now = word.load(std::memory_order_seq_cst)) == old) {
+      sleeps_.fetch_add(1, std::memory_order_relaxed);
+      sleep_while(word, old);
+    }
+    sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+    const auto waited = std::chrono::steady_clock::now() - started;
+    const bool short_wait = waited < std::chrono::nanoseconds(40) * spin.most;  // ~33 ns a pause, and a margin
+    spin.budget = short_wait ? std::min(spin.most, 2 * spin.budget) : std::max(16, spin.budget / 2);
+    return now;
+  }
+
   void resize(int n) {
     if (int(helpers_.size()) == n - 1) return;
     stop_.store(true);
-    epoch_.fetch_add(1, std::memory_order_release);
-    epoch_.notify_all();
+    publish(epoch_, epoch_.load(std::memory_order_relaxed) + 1);
     for (auto& t : helpers_) t.join();
     helpers_.clear();
     stop_.store(false);
@@ -730,14 +765,17 @@ class Pool {
       seen = wait_while(epoch_, seen, idle_spin);
       if (stop_.load()) return;
       (*task_)(tid, n);
-      if (running_.fetch_sub(1, std::memory_order_acq_rel) == 1) running_.notify_all();
+      if (running_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+        if (sleepers_.load(std::memory_order_seq_cst) != 0) wake_all(running_);
+      }
     }
   }
 
   std::vector<std::thread> helpers_;
   const std::function<void(int, int)>* task_ = nullptr;
-  std::atomic<uint32_t> epoch_{0}, generation_{0};
-  std::atomic<int> running_{0}, arrived_{0};
+  std::atomic<uint32_t> epoch_{0}, generation_{0}, running_{0};
+  std::atomic<int> arrived_{0}, sleepers_{0};
+  std::atomic<uint64_t> sleeps_{0};
   std::atomic<bool> stop_{false};
 };
 
@@ -791,6 +829,8 @@ class Step {
     for (const auto& l : layers_) n += l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes();
     return n;
   }
+
+  uint64_t sleeps() const { return pool_.sleeps(); }
 
   // Feed tokens [T] (int64) at positions start..start+T-1 through the first n_layers layers (all
   // when < 0); logits [T, V] of every position (all_logits) or [1, V] of the last one.
@@ -974,6 +1014,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, Matrix, Matrix>())
       .def("add_layer", &Step::add_layer)
       .def("weight_bytes", &Step::weight_bytes)
+      .def("sleeps", &Step::sleeps)
       .def("forward", &Step::forward, py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
            py::arg("n_layers") = -1, py::call_guard<py::gil_scoped_release>());
   m.def("isa", &isa);
