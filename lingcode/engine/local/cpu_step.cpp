@@ -30,6 +30,7 @@
 
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #endif
 
@@ -653,8 +654,11 @@ void rope(float* x, const float* cos, const float* sin) {
 // catches it. Where another process holds one of the two cores and the threads share the other,
 // spinning holds the core the partner needs: libgomp's default (spin ~0.3 s) then cost a whole
 // timeslice at every barrier (~0.6 s a step instead of ~3 ms), a fixed 66 us spin ~10 ms a step
-// (docs/engine-notes.md). So the budget halves after a wait longer than the most it may spin (the
-// partner was not running), and doubles after a shorter one (spinning would have caught it).
+// (docs/engine-notes.md). So the budget halves after a wait the partner ended later than the most
+// it may spin (it was not running), and doubles after a shorter one (spinning would catch it). Judged
+// by when the partner published, not when the sleeper woke: a wake-up alone takes 10-70 us here, so
+// judging by it halved the budget at every barrier after an idle pause and never recovered (steps of
+// 11 ms instead of 2.1 when requests came with pauses between them).
 struct Spin {
   int budget, most;
 };
@@ -699,6 +703,7 @@ class Pool {
     resize(n);
     if (n == 1) return f(0, 1);
     task_ = &f;
+    caller_cpu_.store(current_cpu(), std::memory_order_relaxed);
     running_.store(n - 1, std::memory_order_seq_cst);
     publish(epoch_, epoch_.load(std::memory_order_relaxed) + 1);
     f(0, n);
@@ -720,9 +725,20 @@ class Pool {
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
 
  private:
+  static int64_t clock_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  // Publish a new value; a sleeper is woken, and told when the value changed.
   void publish(std::atomic<uint32_t>& word, uint32_t value) {
     word.store(value, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) != 0) wake_all(word);
+    woke_sleeper(word);
+  }
+
+  void woke_sleeper(std::atomic<uint32_t>& word) {
+    if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+    published_at_.store(clock_ns(), std::memory_order_release);
+    wake_all(word);
   }
 
   // Wait until `word` is no longer `old`: spin within the budget, then sleep until woken.
@@ -735,7 +751,7 @@ class Pool {
       }
       cpu_relax();
     }
-    const auto started = std::chrono::steady_clock::now();
+    const int64_t spun_until = clock_ns();
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     uint32_t now;
     while ((now = word.load(std::memory_order_seq_cst)) == old) {
@@ -743,9 +759,17 @@ class Pool {
       sleep_while(word, old);
     }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
-    const auto waited = std::chrono::steady_clock::now() - started;
-    const bool short_wait = waited < std::chrono::nanoseconds(40) * spin.most;  // ~33 ns a pause, and a margin
-    spin.budget = short_wait ? std::min(spin.most, 2 * spin.budget) : std::max(16, spin.budget / 2);
+    if (helper_) {
+      step_aside();
+    } else {
+      caller_cpu_.store(current_cpu(), std::memory_order_relaxed);  // a wake-up may have moved it
+    }
+    // How long after our spin ended the partner published (<= 0: before we slept, or an older
+    // publish); within the rest of a full budget (~33 ns a pause, and a margin), spinning would
+    // have caught it.
+    const int64_t late = published_at_.load(std::memory_order_acquire) - spun_until;
+    const bool catchable = late < 40 * int64_t(spin.most - spin.budget);
+    spin.budget = catchable ? std::min(spin.most, 2 * spin.budget) : std::max(16, spin.budget / 2);
     return now;
   }
 
@@ -760,22 +784,53 @@ class Pool {
     for (int i = 1; i < n; ++i) helpers_.emplace_back([this, i, n, now] { serve(i, n, now); });
   }
 
+  // Where the caller and a helper share a CPU, the helper moves to another of the CPUs it may use,
+  // checked when either wakes from a sleep (a wake-up is where the kernel places a thread anew). After
+  // a pause the kernel tends to wake one beside its waker, and the two then take turns on one core,
+  // each barrier a sleep and a wake-up, while the other core idles: steps of 11 ms instead of 2.1
+  // when requests came with pauses between them (docs/engine-notes.md).
+  static int current_cpu() {
+#if defined(__linux__)
+    return sched_getcpu();
+#else
+    return -1;
+#endif
+  }
+
+  void step_aside() {
+#if defined(__linux__)
+    const int mine = current_cpu(), callers = caller_cpu_.load(std::memory_order_relaxed);
+    if (mine < 0 || mine != callers) return;
+    static thread_local cpu_set_t allowed = [] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      sched_getaffinity(0, sizeof(set), &set);
+      return set;
+    }();
+    cpu_set_t others = allowed;
+    CPU_CLR(callers, &others);
+    if (CPU_COUNT(&others) > 0) sched_setaffinity(0, sizeof(others), &others);
+#endif
+  }
+
   void serve(int tid, int n, uint32_t seen) {
+    helper_ = true;
     while (true) {
       seen = wait_while(epoch_, seen, idle_spin);
       if (stop_.load()) return;
       (*task_)(tid, n);
-      if (running_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
-        if (sleepers_.load(std::memory_order_seq_cst) != 0) wake_all(running_);
-      }
+      if (running_.fetch_sub(1, std::memory_order_seq_cst) == 1) woke_sleeper(running_);
     }
   }
 
+  static inline thread_local bool helper_ = false;
   std::vector<std::thread> helpers_;
   const std::function<void(int, int)>* task_ = nullptr;
   std::atomic<uint32_t> epoch_{0}, generation_{0}, running_{0};
   std::atomic<int> arrived_{0}, sleepers_{0};
   std::atomic<uint64_t> sleeps_{0};
+  std::atomic<int64_t> published_at_{0};  // when a sleeper was last woken (steady clock, ns)
+  std::atomic<int> caller_cpu_{-1};        // where run()'s caller was when the step began
   std::atomic<bool> stop_{false};
 };
 
