@@ -172,7 +172,8 @@ def test_the_step_threads_always_wake_each_other(engine):
         worker.start()
         worker.join(300)
         assert not worker.is_alive(), f"a step never returned, after {len(done)} steps"
-        assert len(done) == 400 and native.sleeps() > slept  # the sleeping path ran, and was woken
+        assert len(done) == 400 and native.sleeps() > slept  # the sleeping path ran
+        assert native.lost_wakes() == 0  # and every sleeper was woken, none by its timeout alone
     finally:
         hog.kill()
         hog.wait()

@@ -35,6 +35,7 @@
 #endif
 
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <chrono>
@@ -678,15 +679,23 @@ inline void cpu_relax() {
 // sleeper sees the new value. (With std::atomic's wait and notify_all, libstdc++ 12 skips the wake
 // on a check of its own waiter count that a release store is not ordered before; the step once
 // slept 15 minutes with every thread waiting: docs/engine-notes.md.)
+// A sleep also ends after 100 ms: should a wake-up still be lost somewhere, the step goes on
+// (the wait re-checks its word) and the loss is counted (Step.lost_wakes), instead of a hang.
 #if defined(__linux__)
-inline void sleep_while(std::atomic<uint32_t>& word, uint32_t old) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, old, nullptr, nullptr, 0);
+// True if the sleep timed out.
+inline bool sleep_while(std::atomic<uint32_t>& word, uint32_t old) {
+  timespec most{0, 100'000'000};
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, old, &most, nullptr, 0) != 0 &&
+         errno == ETIMEDOUT;
 }
 inline void wake_all(std::atomic<uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
 }
 #else
-inline void sleep_while(std::atomic<uint32_t>& word, uint32_t old) { word.wait(old, std::memory_order_seq_cst); }
+inline bool sleep_while(std::atomic<uint32_t>& word, uint32_t old) {
+  word.wait(old, std::memory_order_seq_cst);
+  return false;
+}
 inline void wake_all(std::atomic<uint32_t>& word) { word.notify_all(); }
 #endif
 
@@ -723,6 +732,8 @@ class Pool {
 
   // How many times a wait went to sleep (tests: the sleeping path ran).
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
+  // Sleeps that timed out although the word had changed (a wake-up lost): 0 unless something is wrong.
+  uint64_t lost_wakes() const { return lost_wakes_.load(std::memory_order_relaxed); }
 
  private:
   static int64_t clock_ns() {
@@ -756,7 +767,10 @@ class Pool {
     uint32_t now;
     while ((now = word.load(std::memory_order_seq_cst)) == old) {
       sleeps_.fetch_add(1, std::memory_order_relaxed);
-      sleep_while(word, old);
+      if (sleep_while(word, old) && word.load(std::memory_order_seq_cst) != old &&
+          published_at_.load(std::memory_order_acquire) < spun_until) {
+        lost_wakes_.fetch_add(1, std::memory_order_relaxed);  // changed, and nobody woke us
+      }
     }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
     if (helper_) {
@@ -828,7 +842,7 @@ class Pool {
   const std::function<void(int, int)>* task_ = nullptr;
   std::atomic<uint32_t> epoch_{0}, generation_{0}, running_{0};
   std::atomic<int> arrived_{0}, sleepers_{0};
-  std::atomic<uint64_t> sleeps_{0};
+  std::atomic<uint64_t> sleeps_{0}, lost_wakes_{0};
   std::atomic<int64_t> published_at_{0};  // when a sleeper was last woken (steady clock, ns)
   std::atomic<int> caller_cpu_{-1};        // where run()'s caller was when the step began
   std::atomic<bool> stop_{false};
@@ -886,6 +900,7 @@ class Step {
   }
 
   uint64_t sleeps() const { return pool_.sleeps(); }
+  uint64_t lost_wakes() const { return pool_.lost_wakes(); }
 
   // Feed tokens [T] (int64) at positions start..start+T-1 through the first n_layers layers (all
   // when < 0); logits [T, V] of every position (all_logits) or [1, V] of the last one.
@@ -1070,6 +1085,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &Step::add_layer)
       .def("weight_bytes", &Step::weight_bytes)
       .def("sleeps", &Step::sleeps)
+      .def("lost_wakes", &Step::lost_wakes)
       .def("forward", &Step::forward, py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
            py::arg("n_layers") = -1, py::call_guard<py::gil_scoped_release>());
   m.def("isa", &isa);
