@@ -151,8 +151,8 @@ def test_a_row_gets_the_same_numbers_at_every_width_and_thread_count(engine):
 
 def test_the_step_threads_always_wake_each_other(engine):
     """A step's threads wait for each other at every barrier, and the helper waits for the next step:
-    a wait that outlasts its spin sleeps in the kernel, and a wake-up lost there would hang the
-    engine for good. Another process takes a core (the two threads then share one, so barrier waits
+    a wait that outlasts its spin sleeps in the kernel, and a wake-up lost there would stall the
+    engine (for 100 ms now, and counted; for good before). Another process takes a core (the two threads then share one, so barrier waits
     sleep) and steps come with pauses (the helper sleeps between them): every step must return."""
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     native, done = engine.step.native, []

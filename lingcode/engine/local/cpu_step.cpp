@@ -677,8 +677,9 @@ inline void cpu_relax() {
 // and the sleep is never slept through). A waker changes the word first and calls the kernel only
 // if someone may sleep. Both sides are seq_cst, so either the waker sees the sleeper or the
 // sleeper sees the new value. (With std::atomic's wait and notify_all, libstdc++ 12 skips the wake
-// on a check of its own waiter count that a release store is not ordered before; the step once
-// slept 15 minutes with every thread waiting: docs/engine-notes.md.)
+// on a check of its own waiter count that a release store is not ordered before. The step once
+// slept 15 minutes with every thread waiting; whether that was the cause is not established:
+// docs/engine-notes.md.)
 // A sleep also ends after 100 ms: should a wake-up still be lost somewhere, the step goes on
 // (the wait re-checks its word) and the loss is counted (Step.lost_wakes), instead of a hang.
 #if defined(__linux__)
