@@ -92,7 +92,15 @@ async def test_a_typed_tail_is_verified_with_its_draft_in_one_step_losslessly(en
 
 async def test_ngram_drafts_pay_off_when_the_answer_copies_the_prompt(engine, restore_speculation):
     params = SamplingParams(max_tokens=48, temperature=0.0)
-    _, stats = await run(engine, "ngram", PROMPTS[3], params)
+    # The draft length follows the step costs timed at load, which a busy machine skews (a clean
+    # clone once drafted 8 accepted tokens here, another 10): fixed for this request, so the count
+    # depends on the drafter alone. Drafting as cheap as a plain step: DraftLength's own tests cover costs.
+    measured = engine.step_cost
+    engine.step_cost = [measured[0]] * len(measured)
+    try:
+        _, stats = await run(engine, "ngram", PROMPTS[3], params)
+    finally:
+        engine.step_cost = measured
     # Each verify step emitted more than one token on average: fewer target forwards than tokens.
     assert stats["accepted_draft_tokens"] >= 10
     assert stats["decode_steps"] < stats["generated_tokens"] - 1
