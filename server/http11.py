@@ -8,6 +8,10 @@ answers a plain-text "Invalid HTTP request received." Here the answer is the API
 for a request line naming /v1/messages, with the parser's reason. The connection is closed, as before:
 after broken framing nothing later on it can be read safely. These requests never reach the
 app, so they are in neither the access log nor /metrics; uvicorn logs a warning for each.
+
+Each response's head also goes out with its first body bytes, in one write (HeadWithBody):
+uvicorn writes them apart, and on loopback each write wakes the client, so a streamed answer's
+first token waited for a second wake-up.
 """
 
 from __future__ import annotations
@@ -20,6 +24,54 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from lingcode.server.errors import APIError
 
 REQUEST_LINE_BYTES = 8192
+_CONTINUE = b"HTTP/1.1 100 "  # an interim answer: the client waits for it before sending the body
+
+
+class HeadWithBody:
+    """One response's transport: holds the response head until the first body write, and sends both
+    as one (everything else passes through). Every response sends its body right after its head:
+    a stream starts only once its first events are there (server/serving.py). A response with no
+    body write (HEAD) sends its head when it completes, a closed connection before it closes."""
+
+    __slots__ = ("_transport", "_head", "_held")
+
+    def __init__(self, transport):
+        self._transport = transport
+        self._head: bytes | None = None
+        self._held = False  # the head was seen (held, then sent)
+
+    def write(self, data: bytes) -> None:
+        if not self._held and not data.startswith(_CONTINUE):
+            self._held, self._head = True, data
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            self._transport.write(self._head)
+            self._head = None
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+def _send_held_head(protocol) -> None:
+    transport = getattr(protocol.cycle, "transport", None)
+    if isinstance(transport, HeadWithBody):
+        transport.flush()
+
+
+def _hold_heads(protocol, before) -> None:
+    """Give a cycle that the parser just started a HeadWithBody transport (before its task runs)."""
+    cycle = protocol.cycle
+    if cycle is not None and cycle is not before and not isinstance(cycle.transport, HeadWithBody):
+        cycle.transport = HeadWithBody(cycle.transport)
 
 
 class APIErrorH11Protocol(H11Protocol):
@@ -42,6 +94,15 @@ class APIErrorH11Protocol(H11Protocol):
         if self.conn.their_state is h11.IDLE:  # a new request starts with this data
             self.request_line = data.split(b"\n", 1)[0][:REQUEST_LINE_BYTES]
         super().data_received(data)
+
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        _hold_heads(self, before)
+
+    def on_response_complete(self) -> None:
+        _send_held_head(self)
+        super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
         refusal = self.refusal
@@ -100,6 +161,15 @@ def protocol_class() -> type:
                     return getattr(parser, name)
 
             self.parser = Keeping()
+
+        def on_headers_complete(self) -> None:
+            before = self.cycle
+            super().on_headers_complete()
+            _hold_heads(self, before)
+
+        def on_response_complete(self) -> None:
+            _send_held_head(self)
+            super().on_response_complete()
 
         def send_400_response(self, msg: str) -> None:
             try:

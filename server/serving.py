@@ -40,7 +40,7 @@ import anyio
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 from lingcode.agent.grammar import GrammarError, GrammarUnavailable
 from lingcode.agent.tool_parsers import Tool
@@ -317,16 +317,31 @@ def close_soon(iterator: AsyncIterator) -> None:
 
 
 class EventStream(StreamingResponse):
-    """A server-sent event stream whose generator is always closed, however the stream ends."""
+    """A server-sent event stream whose first frame goes out at once, and whose generator is always
+    closed, however the stream ends."""
 
     media_type = "text/event-stream"
 
     def __init__(self, events: AsyncIterator[str]):
         super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The head and the first frame go out from the handler's own task: Starlette's task group
+        # (which sends the rest while it listens for the client leaving) starts a turn of the loop later.
+        try:
+            first = await anext(self.body_iterator, "")
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
+        except BaseException:
+            await aclose(self.body_iterator)
+            raise
+        await super().__call__(scope, receive, send)
+
     async def stream_response(self, send: Send) -> None:
         try:
-            await super().stream_response(send)
+            async for frame in self.body_iterator:
+                await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await aclose(self.body_iterator)
 

@@ -278,6 +278,50 @@ def test_a_malformed_content_length_gets_the_apis_error_shape(daemon, length, pa
     assert httpx.get(daemon.url + "/health").status_code == 200  # and the daemon serves on
 
 
+def test_a_held_head_never_delays_an_interim_answer_or_gets_lost():
+    """server/http11.py sends a response's head with its first body bytes. A 100 Continue (the
+    client waits for it before it sends the body) goes out at once, and a connection closed after
+    a head alone (an app that failed mid-answer) still sends the head."""
+    from lingcode.server.http11 import HeadWithBody
+
+    class Transport:
+        def __init__(self):
+            self.writes, self.closed = [], False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+    inner = Transport()
+    held = HeadWithBody(inner)
+    held.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert inner.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    held.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+    assert len(inner.writes) == 1
+    held.write(b"{}")
+    held.write(b"")
+    assert inner.writes[1:] == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", b""]
+    assert not held.is_closing()
+
+    inner = Transport()
+    held = HeadWithBody(inner)
+    held.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")  # HEAD: no body write follows
+    held.flush()  # when the response completes
+    assert inner.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"] and not inner.closed
+
+    inner = Transport()
+    held = HeadWithBody(inner)
+    held.write(b"HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked\r\n\r\n")
+    held.close()
+    assert inner.writes == [b"HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked\r\n\r\n"]
+    assert inner.closed
+
+
 def test_head_health_answers_like_get_without_a_body(daemon):
     status, headers, body = _raw(daemon, b"HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     get = httpx.get(daemon.url + "/health")

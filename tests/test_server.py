@@ -223,6 +223,25 @@ def test_sse_framing_ends_with_done(http):
     assert set(timings) >= {"ttft_ms", "tpot_ms", "total_ms", "tokens_per_s", "prompt_tokens", "cached_tokens"}
 
 
+def test_a_streams_head_and_first_event_arrive_in_one_write(daemon):
+    """uvicorn wrote the head and the first frame apart: on loopback each write wakes the client,
+    so the first token waited for a second wake-up (issue 17). Over a plain socket, the first read
+    now holds both."""
+    import socket
+
+    body = json.dumps({"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (daemon.token.encode(), len(body), body))  # fmt: skip
+    host, port = daemon.url.removeprefix("http://").split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=60) as conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sendall(request)
+            first = conn.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+        assert b"\r\n\r\n" in first and b"data: {" in first.partition(b"\r\n\r\n")[2], first
+
+
 def test_max_tokens(client):
     response = client.chat.completions.create(
         model="m", messages=user("Tell me a long story about a dragon."), max_tokens=5, **GREEDY
