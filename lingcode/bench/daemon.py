@@ -8,6 +8,8 @@ Reported per workload and speculation mode (medians):
 
 - ms per output token, direct and through the daemon, and their ratio;
 - time to first token on a cached prompt, direct and through the daemon, and the difference;
+  and the client's floor: the same client and request against a server that answers at once
+  (what httpx itself costs; the difference less the floor is the daemon's own part);
 - where the daemon's time went (`timings.trace`, asked for with the X-Lingcode-Trace header):
   body and validation, template and tokenization, queueing, the engine's first chunk,
   detokenization, stop strings, reasoning and tool parsing, response shaping (SSE framing),
@@ -189,6 +191,46 @@ class Daemon:
         self.log.close()
 
 
+# --- the client's own share ------------------------------------------------------------------------
+# The added time to first token includes what the HTTP client itself costs to send a request and
+# parse a stream (httpx, under the openai SDK too). The floor measures it: the same client and
+# request against a server (a process of its own) that answers every POST at once with one content
+# event, a finish event and [DONE]. Nothing the daemon does can go below it.
+
+_FLOOR_EVENTS = b"".join(b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in (
+    {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "A"}, "finish_reason": None}]},
+    {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+)) + b"data: [DONE]\n\n"  # fmt: skip
+_FLOOR_ANSWER = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                 + b"%x\r\n%s\r\n0\r\n\r\n" % (len(_FLOOR_EVENTS), _FLOOR_EVENTS))  # fmt: skip
+
+
+class _AnswerAtOnce(asyncio.Protocol):
+    def connection_made(self, transport) -> None:
+        self.transport, self.buffer = transport, b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while b"\r\n\r\n" in self.buffer:  # a whole request (head and Content-Length body): answer it
+            head, _, rest = self.buffer.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+            if len(rest) < length:
+                return
+            self.buffer = rest[length:]
+            self.transport.write(_FLOOR_ANSWER)
+
+
+def serve_floor(port: int) -> None:
+    """The floor's server: `python -m lingcode.bench.daemon PORT`."""
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(_AnswerAtOnce, "127.0.0.1", port)
+        await server.serve_forever()
+
+    asyncio.run(serve())
+
+
 def _model_dir_from_gguf(gguf_path: Path, out: Path) -> tuple[Path, list[int]]:
     """A Hugging Face-style model directory (tokenizer, chat template) from a GGUF's metadata, for
     attaching the SGLang adapter to the stand-in; and token ids of real text for it to stream."""
@@ -215,12 +257,26 @@ def _model_dir_from_gguf(gguf_path: Path, out: Path) -> tuple[Path, list[int]]:
 
 async def _run(args: argparse.Namespace) -> list[Sample]:
     from lingcode import models
-    from lingcode.text.chat_template import render_chat
 
     samples: list[Sample] = []
     gguf = models.ensure(args.model)
     serve_env = dict(item.split("=", 1) for item in args.serve_env)
     workloads = [w for w in args.workload.split(",") if w]
+    floor_port = _free_port()
+    floor = subprocess.Popen([sys.executable, "-m", "lingcode.bench.daemon", str(floor_port)])
+    floor_client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{floor_port}", headers={"Authorization": "Bearer floor"},
+                                     timeout=60)  # fmt: skip
+    try:
+        return await _rounds(args, gguf, serve_env, workloads, floor_client, samples)
+    finally:
+        await floor_client.aclose()
+        floor.terminate()
+
+
+async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor_client: httpx.AsyncClient,
+                  samples: list[Sample]) -> list[Sample]:  # fmt: skip
+    from lingcode.text.chat_template import render_chat
+
     for speculation in args.speculation.split(","):
         home = Path(tempfile.mkdtemp(prefix="lingcode-bench-daemon-"))
         standin = engine = daemon = None
@@ -284,6 +340,9 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
                                 print(f"  {speculation:>5} {workload:>9} {side:>6} {'cached' if cached else 'cold':>6}: "
                                       f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
                                       f"({sample.tokens} tokens){'' if i else '  (warm-up)'}", flush=True)  # fmt: skip
+                        ttft, *_ = await through_daemon(floor_client, messages, args.max_tokens)
+                        if i > 0:
+                            samples.append(Sample("floor", workload, speculation, True, 0, ttft, None))
         finally:
             if daemon is not None:
                 daemon.stop()
@@ -308,6 +367,7 @@ def summarize(samples: list[Sample]) -> list[dict]:
                 continue
             direct = [s for s in group if s.side == "direct"]
             daemon = [s for s in group if s.side == "daemon"]
+            floor = _median(s.ttft_ms for s in group if s.side == "floor")
             tpot_direct, tpot_daemon = _median(s.tpot_ms for s in direct), _median(s.tpot_ms for s in daemon)
             ttft_direct = _median(s.ttft_ms for s in direct if s.cached)
             ttft_daemon = _median(s.ttft_ms for s in daemon if s.cached)
@@ -315,12 +375,14 @@ def summarize(samples: list[Sample]) -> list[dict]:
             trace = {k: _median(s.trace.get(k) for s in daemon if s.cached) for k in stages}
             decode_direct = _median(s.engine_decode_ms for s in direct)
             decode_daemon = _median(s.engine_decode_ms for s in daemon)
+            added = ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None
             rows.append({
-                "speculation": speculation, "workload": workload, "tokens": _median(s.tokens for s in group),
+                "speculation": speculation, "workload": workload, "tokens": _median(s.tokens for s in direct + daemon),
                 "tpot_direct_ms": tpot_direct, "tpot_daemon_ms": tpot_daemon,
                 "tpot_ratio": tpot_daemon / tpot_direct if tpot_direct and tpot_daemon else None,
                 "ttft_cached_direct_ms": ttft_direct, "ttft_cached_daemon_ms": ttft_daemon,
-                "ttft_added_ms": ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None,
+                "ttft_added_ms": added, "client_floor_ms": floor,
+                "ttft_added_less_floor_ms": added - floor if added is not None and floor is not None else None,
                 "engine_decode_ratio": decode_daemon / decode_direct if decode_direct and decode_daemon else None,
                 "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
                 "trace_cached_ms": trace,
@@ -336,14 +398,18 @@ def markdown(report: dict) -> str:
     lines = [f"# lingcode bench daemon ({report['engine']})", "", f"- command: `{report['command']}`",
              f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}", "",
              "| speculation | workload | tokens | ms/token direct | ms/token daemon | ratio | TTFT cached direct | "
-             "TTFT cached daemon | added TTFT (ms) | engine decode, daemon/direct | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
+             "engine decode, daemon/direct | same text |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {_fmt(r['tokens'], 0)} | {_fmt(r['tpot_direct_ms'])} | "
                      f"{_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | {_fmt(r['ttft_cached_direct_ms'], 2)} | "
                      f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
+                     f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {r['same_text']} |")  # fmt: skip
-    lines += ["", "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians):", ""]
+    lines += ["", "The client floor is the same client and request against a server that answers at once (the "
+              "HTTP client's own cost, which no server can remove).", "",
+              "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians):", ""]  # fmt: skip
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})
     lines.append("| speculation | workload | " + " | ".join(stages) + " |")
     lines.append("|---|---|" + "---|" * len(stages))
@@ -383,3 +449,7 @@ def main(args: argparse.Namespace) -> int:
     print(text)
     write_result(args.out, report, text, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    serve_floor(int(sys.argv[1]))
