@@ -23,12 +23,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$out/gpu.txt"
 
 if [[ $parts == *daemon* ]]; then
-echo "== the daemon's overhead (local engine, default kernels; then with the standard asyncio loop)"
-daemon="python3 -m lingcode bench daemon --device cuda --workload chat,code-edit --requests 3 --max-tokens 512"
-timeout 210 $daemon --speculation off,ngram --out "$out/daemon-h200-$stamp" > "$out/daemon-h200.log" 2>&1
-timeout 120 $daemon --speculation ngram --serve-env LINGCODE_EVENT_LOOP=asyncio \
-  --out "$out/daemon-h200-asyncio-$stamp" > "$out/daemon-h200-asyncio.log" 2>&1
-timeout 90 python3 -m lingcode bench daemon --engine sglang --workload chat,code-edit --requests 3 --max-tokens 512 \
+echo "== the daemon's overhead (local engine, default kernels; then the SGLang adapter)"
+timeout 300 python3 -m lingcode bench daemon --device cuda --workload chat,code-edit --requests 5 --max-tokens 512 \
+  --speculation off,ngram --out "$out/daemon-h200-$stamp" > "$out/daemon-h200.log" 2>&1
+timeout 120 python3 -m lingcode bench daemon --engine sglang --workload chat,code-edit --requests 5 --max-tokens 512 \
   --out "$out/daemon-sglang-h200host-$stamp" > "$out/daemon-sglang.log" 2>&1
 
 fi
