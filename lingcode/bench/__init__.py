@@ -25,6 +25,9 @@ def write_result(out: str | Path | None, result: dict, table: str, indent: int =
     if out is None:
         return
     out = Path(out)
+    if out.suffix in (".json", ".md"):
+        out = out.with_suffix("")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=indent) + "\n")
-    out.with_suffix(".md").write_text(table)
+    # Appended, not with_suffix(): a prefix may hold a dot of its own ("switch-0.05-run1").
+    out.parent.joinpath(out.name + ".json").write_text(json.dumps(result, indent=indent) + "\n")
+    out.parent.joinpath(out.name + ".md").write_text(table)
