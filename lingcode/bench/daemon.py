@@ -19,7 +19,9 @@ Reported per workload and speculation mode (medians):
 With --engine sglang the engine is SGLang's wire protocol: a stand-in
 (lingcode/bench/sglang_standin.py) streams a token every --step-ms (0.78: Ling-3.0-flash +
 DSpark at concurrency 1), "direct" reads its /generate stream as lingcode's adapter would ask for
-it, and the daemon attaches to it with --engine sglang --engine-url.
+it, and the daemon attaches to it with --engine sglang --engine-url. Its events carry only the new
+tokens, as lingcode's launch profiles run SGLang (--sglang-stream cumulative: every token so far,
+SGLang's default).
 """
 
 from __future__ import annotations
@@ -112,14 +114,14 @@ async def direct_local(engine, input_ids: list[int], max_tokens: int) -> tuple[f
 
 
 async def direct_sglang(client: httpx.AsyncClient, input_ids: list[int], max_tokens: int, eos: tuple[int, ...],
-                        context: int) -> tuple[float, float | None, list[int]]:  # fmt: skip
+                        context: int, incremental: bool) -> tuple[float, float | None, list[int]]:  # fmt: skip
     """SGLang's /generate stream read as lingcode's adapter asks for it (the same body)."""
     from lingcode.engine import SamplingParams
     from lingcode.engine.sglang.adapter import StreamDecoder, generate_body
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     body = generate_body(f"direct-{time.monotonic_ns()}", input_ids, params, eos, context - len(input_ids))
-    decoder, ids = StreamDecoder(), []
+    decoder, ids = StreamDecoder(incremental), []
     started, first = time.perf_counter(), None
     async with client.stream("POST", "/generate", json=body) as response:
         async for line in response.aiter_lines():
@@ -287,7 +289,8 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                 model_dir, ids = _model_dir_from_gguf(gguf, home / "model")
                 port = _free_port()
                 standin = subprocess.Popen([sys.executable, "-m", "lingcode.bench.sglang_standin", "--port", str(port),
-                                            "--step-ms", str(args.step_ms), "--ids", ",".join(map(str, ids))],
+                                            "--step-ms", str(args.step_ms), "--ids", ",".join(map(str, ids)),
+                                            *(["--incremental"] if args.sglang_stream == "incremental" else [])],
                                            stdout=subprocess.DEVNULL)  # fmt: skip
                 engine_url = f"http://127.0.0.1:{port}"
                 for _ in range(100):
@@ -325,7 +328,8 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                         decode_ms = engine.stats()["last_request"].get("decode_ms")
                                     else:
                                         ttft, tpot, ids = await direct_sglang(direct_client, input_ids, args.max_tokens,
-                                                                              info.eos_token_ids, info.context_length)  # fmt: skip
+                                                                              info.eos_token_ids, info.context_length,
+                                                                              args.sglang_stream == "incremental")  # fmt: skip
                                         decode_ms = None
                                     sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
                                                     info.tokenizer.decode(ids), engine_decode_ms=decode_ms)  # fmt: skip
@@ -429,6 +433,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=3, help="measured requests per workload and side (default: 3)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request (ignore_eos; default: 256)")
     parser.add_argument("--step-ms", type=float, default=0.78, help="the SGLang stand-in's time per token (default: 0.78)")
+    parser.add_argument("--sglang-stream", choices=["incremental", "cumulative"], default="incremental",
+                        help="the stand-in's events: only the new tokens (--incremental-streaming-output, as lingcode's "
+                             "launch profiles run SGLang) or every token so far (SGLang's default)")  # fmt: skip
     parser.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)")
     parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
@@ -438,7 +445,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     samples = asyncio.run(_run(args))
     report = {
-        "engine": (args.engine if args.engine == "local" else f"sglang stand-in, {args.step_ms} ms/token")
+        "engine": (args.engine if args.engine == "local"
+                   else f"sglang stand-in, {args.step_ms} ms/token, {args.sglang_stream} stream")
                   + "".join(f", {e}" for e in args.serve_env),
         "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
         "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
