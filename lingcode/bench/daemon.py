@@ -80,7 +80,7 @@ WORKLOADS = {
 
 @dataclass
 class Sample:
-    side: str  # "direct" | "daemon"
+    side: str  # "direct" | "daemon" | "floor" (the client against a server that answers at once)
     workload: str
     speculation: str
     cached: bool  # the second of two identical requests: its prompt was in the KV cache
