@@ -268,6 +268,12 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
     floor = subprocess.Popen([sys.executable, "-m", "lingcode.bench.daemon", str(floor_port)])
     floor_client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{floor_port}", headers={"Authorization": "Bearer floor"},
                                      timeout=60)  # fmt: skip
+    for _ in range(100):  # until the floor's server listens
+        try:
+            socket.create_connection(("127.0.0.1", floor_port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
     try:
         return await _rounds(args, gguf, serve_env, workloads, floor_client, samples)
     finally:
