@@ -347,10 +347,16 @@ def serve(
             local_engine = open_engine(model_path, engine_url=engine_url, profile=profile, name=model_name, say=_say)
         else:
             _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
-            from lingcode.engine.local import load_engine
+            if os.environ.get("LINGCODE_ENGINE_PROCESS") == "1":  # measured against the default by lingcode bench daemon
+                from lingcode.engine.local.process import EngineProcess
 
-            local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile,
-                                       speculation=speculation)
+                local_engine = EngineProcess.start(Path(model_path), device=device, kernels=kernels, compile=compile,
+                                                   speculation=speculation)  # fmt: skip
+            else:
+                from lingcode.engine.local import load_engine
+
+                local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile,
+                                           speculation=speculation)
     except KeyboardInterrupt:
         _close(sockets, unix_socket)
         return 130

@@ -115,6 +115,7 @@ class GrammarConstraint:
         self.bitmask = torch.empty(words, dtype=torch.int32, pin_memory=torch.cuda.is_available())
         self._bits: dict[torch.device, torch.Tensor] = {}
         self.tokens_accepted = 0
+        self.source: tuple | None = None  # (stop_ids, kind, spec), as constraint() was called
 
     def mask_logits(self, logits: torch.Tensor) -> None:
         import torch
@@ -172,7 +173,9 @@ def constraint(
     "json_schema" (spec: the schema) or "json" (any JSON object). Raises GrammarError (bad or over the
     bounds), GrammarCancelled (cancel was set), GrammarUnavailable."""
     compiler = _compiler(tokenizer, stop_ids)
-    return GrammarConstraint(compiler.matcher(grammar_text(kind, spec), cancel), compiler.vocab_size)
+    made = GrammarConstraint(compiler.matcher(grammar_text(kind, spec), cancel), compiler.vocab_size)
+    made.source = (stop_ids, kind, spec)  # to compile it again elsewhere (lingcode.engine.local.process)
+    return made
 
 
 def _probe(template) -> None:

@@ -1,0 +1,288 @@
+"""The embedded engine in a process of its own, behind the same Engine interface.
+
+In one process the daemon's event loop and the engine's worker thread share the GIL: every chunk
+the loop processes (detokenize, stop strings, parsers, an SSE frame) is time the worker's Python
+between two GPU steps may wait for it, and with drafting on a GPU that slows the engine itself
+(docs/engine-notes.md). Here the engine runs in a child (`python -m lingcode.engine.local.process`),
+whose own loop only forwards chunks. The daemon uses it with LINGCODE_ENGINE_PROCESS=1: the extra
+hop costs the first token more than the GIL does, so far.
+
+The two talk over a socket pair, each message a length-prefixed pickle:
+
+    daemon -> child   ("generate", rid, input_ids, params, grammar)   ("abort", rid)   ("close",)
+    child -> daemon   ("ready", info, stats) or ("failed", text)   then per request: ("chunk", rid, chunk)...,
+                      and ("last", rid, chunk, stats) or ("error", rid, exception, stats)
+
+A grammar (a per-request matcher, not picklable) goes as its source and is compiled again in the
+child. The last chunk comes with the engine's counters after the request was accounted, so
+stats() is never behind a finished request. A request closed early is aborted and its stream
+waited for, as the in-process engine's generate() does: the engine is free when it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from lingcode.engine import EngineError, ModelInfo, SamplingParams, TokenChunk
+
+_HEADER = struct.Struct("!I")
+
+
+def _pack(message: tuple) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+def _recv_blocking(sock: socket.socket) -> tuple:
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            part = sock.recv(n - len(data))
+            if not part:
+                raise EOFError("the engine process closed its end")
+            data += part
+        return data
+
+    (size,) = _HEADER.unpack(exactly(_HEADER.size))
+    return pickle.loads(exactly(size))
+
+
+# --- the daemon's side ------------------------------------------------------------------------------
+
+
+class EngineProcess:
+    """An Engine whose model runs in a child process (start() loads it there)."""
+
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, info: ModelInfo):
+        self.process, self.info = process, info
+        self._sock = sock
+        self._buffer = b""
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._stats: dict = {}
+        self._running: str | None = None
+        self._reading = False
+        self._gone: str | None = None  # why the child is no longer there
+
+    @classmethod
+    def start(cls, model_path, **load_args) -> "EngineProcess":
+        """Start the child and wait until it has loaded the model (raises EngineError with its reason)."""
+        ours, theirs = socket.socketpair()
+        args = json.dumps({"model_path": str(model_path), **load_args})
+        process = subprocess.Popen([sys.executable, "-m", "lingcode.engine.local.process", str(theirs.fileno()), args],
+                                   pass_fds=(theirs.fileno(),))  # fmt: skip
+        theirs.close()
+        try:
+            kind, payload, *stats = _recv_blocking(ours)
+        except (EOFError, OSError):
+            process.wait()
+            ours.close()
+            raise EngineError(f"the engine process exited with status {process.returncode} while loading") from None
+        if kind != "ready":
+            process.wait()
+            ours.close()
+            raise EngineError(payload)
+        ours.setblocking(False)
+        engine = cls(process, ours, payload)
+        engine._stats = stats[0]
+        return engine
+
+    # --- the Engine interface -------------------------------------------------------------------
+
+    async def generate(self, request_id: str, input_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenChunk]:
+        if self._gone is not None:
+            raise EngineError(self._gone)
+        loop = asyncio.get_running_loop()
+        if not self._reading:
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._reading = True
+        grammar = params.constraint.source if params.constraint is not None else None
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._running = request_id
+        finished = False
+        try:
+            await loop.sock_sendall(self._sock, _pack(("generate", request_id, list(input_ids),
+                                                       replace(params, constraint=None), grammar)))  # fmt: skip
+            while True:
+                kind, *rest = await queue.get()
+                if kind == "chunk":
+                    yield rest[0]
+                    continue
+                finished = True
+                if kind == "error":
+                    raise rest[0]
+                yield rest[0]  # the last chunk
+                return
+        finally:
+            if not finished and self._gone is None:
+                # Closed early: abort it, and wait until the engine is free. A wait that is cancelled
+                # leaves the drain running (shielded), so the stream is still read to its end.
+                await asyncio.shield(self._abort_and_drain(request_id, queue))
+            else:
+                self._streams.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._streams and self._gone is None:
+            await asyncio.get_running_loop().sock_sendall(self._sock, _pack(("abort", request_id)))
+
+    def stats(self) -> dict:
+        return {**self._stats, "running": self._running, "process": self.process.pid}
+
+    async def close(self) -> None:
+        if self._reading:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._reading = False
+        if self.process.poll() is None:
+            try:
+                self._sock.setblocking(True)
+                self._sock.sendall(_pack(("close",)))
+            except OSError:
+                pass
+            try:
+                await asyncio.to_thread(self.process.wait, 30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._sock.close()
+
+    # --- the child's messages ------------------------------------------------------------------------
+
+    async def _abort_and_drain(self, request_id: str, queue: asyncio.Queue) -> None:
+        try:
+            await self.abort(request_id)
+            while (await queue.get())[0] == "chunk":
+                pass
+        finally:
+            self._streams.pop(request_id, None)
+
+    def _on_readable(self) -> None:
+        try:
+            data = self._sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lost(f"the engine process exited (status {self.process.poll()})")
+            return
+        self._buffer += data
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            if len(self._buffer) < _HEADER.size + size:
+                break
+            message = pickle.loads(self._buffer[_HEADER.size : _HEADER.size + size])
+            self._buffer = self._buffer[_HEADER.size + size :]
+            kind, request_id, *rest = message
+            if kind in ("last", "error"):
+                self._stats = rest[-1]
+                rest = rest[:-1]
+                if self._running == request_id:
+                    self._running = None
+            queue = self._streams.get(request_id)
+            if queue is not None:
+                queue.put_nowait((kind, *rest))
+
+    def _lost(self, why: str) -> None:
+        self._gone, self._running = why, None
+        asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        self._reading = False
+        for queue in self._streams.values():
+            queue.put_nowait(("error", EngineError(why)))
+
+
+# --- the child -------------------------------------------------------------------------------------
+
+
+async def _serve(engine, sock: socket.socket) -> None:
+    """Run requests as the daemon sends them; forward their chunks (ChunkChannel batches them)."""
+    from lingcode.agent.grammar import constraint
+
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    tasks: set[asyncio.Task] = set()
+
+    async def send(message: tuple) -> None:
+        await loop.sock_sendall(sock, _pack(message))
+
+    async def run(request_id: str, input_ids: list[int], params: SamplingParams, grammar) -> None:
+        try:
+            if grammar is not None:
+                stop_ids, kind, spec = grammar
+                made = await asyncio.to_thread(constraint, engine.info.tokenizer, stop_ids, kind, spec)
+                params = replace(params, constraint=made)
+            last = None
+            async for chunk in engine.generate(request_id, input_ids, params):
+                if chunk.finish_reason is None:
+                    await send(("chunk", request_id, chunk))
+                else:
+                    last = chunk
+            await send(("last", request_id, last, engine.stats()))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
+            await send(("error", request_id, exc if _picklable(exc) else EngineError(f"{type(exc).__name__}: {exc}"),
+                        engine.stats()))  # fmt: skip
+
+    buffer = b""
+    while True:
+        data = await loop.sock_recv(sock, 1 << 20)
+        if not data:
+            break
+        buffer += data
+        while len(buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(buffer)
+            if len(buffer) < _HEADER.size + size:
+                break
+            message = pickle.loads(buffer[_HEADER.size : _HEADER.size + size])
+            buffer = buffer[_HEADER.size + size :]
+            if message[0] == "generate":
+                task = loop.create_task(run(*message[1:]))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            elif message[0] == "abort":
+                await engine.abort(message[1])
+            elif message[0] == "close":
+                for task in tasks:
+                    task.cancel()
+                await engine.close()
+                return
+    await engine.close()
+
+
+def _picklable(value) -> bool:
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    args = json.loads(argv[1])
+    # The daemon decides when the engine stops (Ctrl+C reaches the whole process group); if the
+    # daemon dies, so does the child (Linux: PR_SET_PDEATHSIG), instead of holding the GPU.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    try:
+        from lingcode.engine.local import load_engine
+
+        engine = load_engine(args.pop("model_path"), **args)
+    except Exception as exc:  # noqa: BLE001 - said to the daemon in one line
+        sock.sendall(_pack(("failed", f"{type(exc).__name__}: {exc}")))
+        return 1
+    sock.sendall(_pack(("ready", engine.info, engine.stats())))
+    asyncio.run(_serve(engine, sock))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,118 @@
+"""The embedded engine in a process of its own (LINGCODE_ENGINE_PROCESS=1; lingcode.engine.local.process).
+
+A real daemon started that way, against the session's default daemon (the engine in the daemon's
+own process): the same greedy answers, a forced tool call (the grammar is compiled again in the
+child), a client that leaves mid-stream (the child aborts, and the counters say so), and SIGTERM
+(the daemon exits 0 and takes the child with it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from conftest import share_built_caches
+
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def isolated(model_path, tmp_path_factory):
+    home = share_built_caches(tmp_path_factory.mktemp("engine-process-home"))
+    log_path = home / "daemon.log"
+    env = {**os.environ, "LINGCODE_HOME": str(home), "LINGCODE_ENGINE_PROCESS": "1"}
+    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu"]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    record = home / "state" / "daemon.json"
+    deadline = time.monotonic() + 180
+    while not record.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the daemon did not get ready:\n{log_path.read_text()}")
+        time.sleep(0.1)
+    info = json.loads(record.read_text())
+    yield process, info["url"], Path(info["token_file"]).read_text().strip(), log_path
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _stats(url: str, token: str) -> dict:
+    return httpx.get(f"{url}/v1/lingcode/stats", headers={"Authorization": f"Bearer {token}"}).json()["engine"]
+
+
+def test_answers_as_the_engine_in_the_daemons_process(isolated, daemon):
+    _, url, token, _ = isolated
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    answers = []
+    for base, key in ((url, token), (daemon.url, daemon.token)):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key)
+        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=24, **GREEDY)
+        streamed = client.chat.completions.create(model="m", messages=messages, max_tokens=24, stream=True, **GREEDY)
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        answers.append((reply.choices[0].message.content, text, reply.usage.completion_tokens))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == answers[0][1] and answers[0][2] == 24
+    stats = _stats(url, token)
+    assert stats["process"] != isolated[0].pid and stats["finished"] >= 2 and stats["running"] is None
+
+
+def test_a_forced_tool_call_is_constrained_in_the_child(isolated):
+    _, url, token, _ = isolated
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=token)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                           tools=tools, tool_choice="required", max_tokens=64, **GREEDY)  # fmt: skip
+    call = reply.choices[0].message.tool_calls[0]
+    assert reply.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
+
+
+def test_a_client_that_leaves_aborts_the_request_in_the_child(isolated):
+    _, url, token, _ = isolated
+    before = _stats(url, token)
+    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"},
+                      timeout=60) as response:  # fmt: skip
+        for i, _ in enumerate(response.iter_lines()):
+            if i == 4:
+                break
+    deadline = time.monotonic() + 30
+    while (stats := _stats(url, token))["aborted"] == before["aborted"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stats["aborted"] == before["aborted"] + 1 and stats["running"] is None
+    assert stats["generated_tokens"] - before["generated_tokens"] < 2000
+
+
+def test_sigterm_stops_the_daemon_and_its_engine_process(isolated):
+    process, url, token, log_path = isolated
+    child = _stats(url, token)["process"]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, log_path.read_text()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
