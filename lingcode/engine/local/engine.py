@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -136,17 +136,8 @@ class LocalEngine:
     async def generate(
         self, request_id: str, input_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenChunk]:
-        if not input_ids:
-            raise ValueError("input_ids is empty")
-        if len(input_ids) >= self.info.context_length:
-            raise ContextOverflow(
-                f"{len(input_ids)} input tokens leave no room in the model's context of "
-                f"{self.info.context_length} tokens"
-            )
-        chunks = ChunkChannel(asyncio.get_running_loop(), STREAM_INTERVAL_S if params.text_ends else self.stream_interval_s)
-        req = _Request(request_id, list(input_ids), params, chunks.put)
-        self._requests[request_id] = req
-        done = asyncio.wrap_future(self._worker.submit(self._run, req))
+        chunks = ChunkChannel(asyncio.get_running_loop(), self.chunk_interval(params))
+        done = asyncio.wrap_future(self.submit(request_id, input_ids, params, chunks.put))
         try:
             while True:
                 chunk = await chunks.get()
@@ -154,14 +145,37 @@ class LocalEngine:
                 if chunk.finish_reason is not None:
                     break
         finally:
-            req.aborted.set()  # no-op when finished; stops the loop within a step otherwise
-            self._requests.pop(request_id, None)
+            self.stop(request_id)  # no-op when finished; stops the loop within a step otherwise
             await asyncio.shield(done)
 
     async def abort(self, request_id: str) -> None:
+        self.stop(request_id)
+
+    def submit(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> Future:
+        """Run one request on the worker thread, which calls emit() with each step's TokenChunk (or
+        the exception that ends it). generate() hands them to the event loop; the engine's own
+        process (lingcode.engine.local.process) writes them to its socket."""
+        if not input_ids:
+            raise ValueError("input_ids is empty")
+        if len(input_ids) >= self.info.context_length:
+            raise ContextOverflow(
+                f"{len(input_ids)} input tokens leave no room in the model's context of "
+                f"{self.info.context_length} tokens"
+            )
+        self._requests[request_id] = _Request(request_id, list(input_ids), params, emit)
+        done = self._worker.submit(self._run, self._requests[request_id])
+        done.add_done_callback(lambda _: self._requests.pop(request_id, None))
+        return done
+
+    def stop(self, request_id: str) -> None:
+        """Abort a running request from any thread: it ends within a step."""
         req = self._requests.get(request_id)
         if req is not None:
             req.aborted.set()
+
+    def chunk_interval(self, params: SamplingParams) -> float:
+        """How long a request's chunks may wait to be handed over (ChunkChannel)."""
+        return STREAM_INTERVAL_S if params.text_ends else self.stream_interval_s
 
     def stats(self) -> dict:
         return {**self._counters, "running": self._running, "cached_context_tokens": len(self._cached_ids),

@@ -13,8 +13,10 @@ The two talk over a socket pair, each message a length-prefixed pickle:
     child -> daemon   ("ready", info, stats) or ("failed", text)   then per request: ("chunk", rid, chunk)...,
                       and ("last", rid, chunk, stats) or ("error", rid, exception, stats)
 
-A grammar (a per-request matcher, not picklable) goes as its source and is compiled again in the
-child. The last chunk comes with the engine's counters after the request was accounted, so
+The child has no event loop: its main thread reads the daemon's messages, and the engine's worker
+thread writes each request's chunks to the socket itself, so a first token takes no more hops
+than in one process. A grammar (a per-request matcher, not picklable) goes as its source and is
+compiled again in the child. The last chunk comes with the engine's counters after the request was accounted, so
 stats() is never behind a finished request. A request closed early is aborted and its stream
 waited for, as the in-process engine's generate() does: the engine is free when it returns.
 """
@@ -30,10 +32,12 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from lingcode.engine import EngineError, ModelInfo, SamplingParams, TokenChunk
+from lingcode.engine import EngineError, ModelInfo, SamplingParams, TokenChunk, merge_chunks
 
 _HEADER = struct.Struct("!I")
 
@@ -202,58 +206,70 @@ class EngineProcess:
 # --- the child -------------------------------------------------------------------------------------
 
 
-async def _serve(engine, sock: socket.socket) -> None:
-    """Run requests as the daemon sends them; forward their chunks (ChunkChannel batches them)."""
+class _Stream:
+    """One request's chunks, from the engine's worker thread straight to the socket: the first at
+    once, later ones merged and at most every interval (as ChunkChannel hands them to a loop), the
+    last one, or the error, with the engine's counters once the worker is done with the request."""
+
+    def __init__(self, request_id: str, send, interval_s: float):
+        self.request_id, self.send, self.interval_s = request_id, send, interval_s
+        self.pending: list[TokenChunk] = []
+        self.sent_at: float | None = None
+        self.end: TokenChunk | BaseException | None = None
+
+    def put(self, item: TokenChunk | BaseException) -> None:  # the worker thread
+        if not isinstance(item, TokenChunk) or item.finish_reason is not None:
+            self.end = item  # sent by finish(), with the counters
+            return
+        self.pending.append(item)
+        now = time.perf_counter()
+        if self.sent_at is None or now - self.sent_at >= self.interval_s:
+            self.send(("chunk", self.request_id, merge_chunks(self.pending)))
+            self.pending, self.sent_at = [], now
+
+    def finish(self, stats: dict) -> None:  # the worker thread, once the request is accounted for
+        end = self.end if self.end is not None else EngineError("the engine ended a request without a finish reason")
+        if isinstance(end, TokenChunk):
+            self.send(("last", self.request_id, merge_chunks(self.pending + [end]), stats))
+            return
+        if self.pending:
+            self.send(("chunk", self.request_id, merge_chunks(self.pending)))
+        self.send(("error", self.request_id, end if _picklable(end) else EngineError(f"{type(end).__name__}: {end}"),
+                   stats))  # fmt: skip
+
+
+def _serve(engine, sock: socket.socket) -> None:
+    """Start requests as the daemon sends them, abort them when it says; until it says close."""
     from lingcode.agent.grammar import constraint
 
-    loop = asyncio.get_running_loop()
-    sock.setblocking(False)
-    tasks: set[asyncio.Task] = set()
+    lock = threading.Lock()
 
-    async def send(message: tuple) -> None:
-        await loop.sock_sendall(sock, _pack(message))
+    def send(message: tuple) -> None:
+        data = _pack(message)
+        with lock:
+            sock.sendall(data)
 
-    async def run(request_id: str, input_ids: list[int], params: SamplingParams, grammar) -> None:
-        try:
-            if grammar is not None:
-                stop_ids, kind, spec = grammar
-                made = await asyncio.to_thread(constraint, engine.info.tokenizer, stop_ids, kind, spec)
-                params = replace(params, constraint=made)
-            last = None
-            async for chunk in engine.generate(request_id, input_ids, params):
-                if chunk.finish_reason is None:
-                    await send(("chunk", request_id, chunk))
-                else:
-                    last = chunk
-            await send(("last", request_id, last, engine.stats()))
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
-            await send(("error", request_id, exc if _picklable(exc) else EngineError(f"{type(exc).__name__}: {exc}"),
-                        engine.stats()))  # fmt: skip
-
-    buffer = b""
     while True:
-        data = await loop.sock_recv(sock, 1 << 20)
-        if not data:
+        try:
+            message = _recv_blocking(sock)
+        except (EOFError, OSError):
             break
-        buffer += data
-        while len(buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(buffer)
-            if len(buffer) < _HEADER.size + size:
-                break
-            message = pickle.loads(buffer[_HEADER.size : _HEADER.size + size])
-            buffer = buffer[_HEADER.size + size :]
-            if message[0] == "generate":
-                task = loop.create_task(run(*message[1:]))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            elif message[0] == "abort":
-                await engine.abort(message[1])
-            elif message[0] == "close":
-                for task in tasks:
-                    task.cancel()
-                await engine.close()
-                return
-    await engine.close()
+        if message[0] == "generate":
+            _, request_id, input_ids, params, grammar = message
+            try:
+                if grammar is not None:
+                    params = replace(params, constraint=constraint(engine.info.tokenizer, *grammar))
+                stream = _Stream(request_id, send, engine.chunk_interval(params))
+                done = engine.submit(request_id, input_ids, params, stream.put)
+                done.add_done_callback(lambda _, stream=stream: stream.finish(engine.stats()))
+            except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
+                send(("error", request_id, exc if _picklable(exc) else EngineError(f"{type(exc).__name__}: {exc}"),
+                      engine.stats()))  # fmt: skip
+        elif message[0] == "abort":
+            engine.stop(message[1])
+        elif message[0] == "close":
+            break
+    asyncio.run(engine.close())
 
 
 def _picklable(value) -> bool:
@@ -280,7 +296,7 @@ def main(argv: list[str]) -> int:
         sock.sendall(_pack(("failed", f"{type(exc).__name__}: {exc}")))
         return 1
     sock.sendall(_pack(("ready", engine.info, engine.stats())))
-    asyncio.run(_serve(engine, sock))
+    _serve(engine, sock)
     return 0
 
 
