@@ -70,18 +70,14 @@ class Daemon:
         return self.home / "state" / "daemon.json"
 
 
-@pytest.fixture(scope="session")
-def daemon(model_path, tmp_path_factory) -> Daemon:
-    """A real daemon, started once per session through the CLI on a free port, under its own LINGCODE_HOME.
-
-    At the end of the session it gets SIGTERM and must exit 0 and remove its daemon.json.
-    """
-    home = share_built_caches(tmp_path_factory.mktemp("daemon-home"))
+def serve(model_path: Path, home: Path, *args: str, env: dict[str, str] | None = None) -> Daemon:
+    """`lingcode serve` on the model, a free port and the CPU (and args), under home as LINGCODE_HOME,
+    once it has written its daemon.json; the test fails with its log if it does not get there."""
     log_path = home / "daemon.log"
-    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu"]
-    env = {**os.environ, "LINGCODE_HOME": str(home)}
+    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu", *args]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env={**os.environ, "LINGCODE_HOME": str(home), **(env or {})}, stdout=log,
+                                   stderr=subprocess.STDOUT)  # fmt: skip
     daemon_file = home / "state" / "daemon.json"
     deadline = time.monotonic() + 120
     while not daemon_file.exists():
@@ -92,7 +88,19 @@ def daemon(model_path, tmp_path_factory) -> Daemon:
         time.sleep(0.1)
     record = json.loads(daemon_file.read_text())
     token = Path(record["token_file"]).read_text().strip()
-    yield Daemon(record["url"], token, home, record, process, log_path)
+    return Daemon(record["url"], token, home, record, process, log_path)
+
+
+@pytest.fixture(scope="session")
+def daemon(model_path, tmp_path_factory) -> Daemon:
+    """A real daemon, started once per session through the CLI on a free port, under its own LINGCODE_HOME.
+
+    At the end of the session it gets SIGTERM and must exit 0 and remove its daemon.json.
+    """
+    home = share_built_caches(tmp_path_factory.mktemp("daemon-home"))
+    started = serve(model_path, home)
+    process, log_path, daemon_file = started.process, started.log, started.daemon_file
+    yield started
 
     process.send_signal(signal.SIGTERM)
     try:

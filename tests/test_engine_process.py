@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import share_built_caches
+from conftest import serve, share_built_caches
 
 GREEDY = {"temperature": 0}
 
@@ -28,20 +26,9 @@ GREEDY = {"temperature": 0}
 @pytest.fixture(scope="module")
 def isolated(model_path, tmp_path_factory):
     home = share_built_caches(tmp_path_factory.mktemp("engine-process-home"))
-    log_path = home / "daemon.log"
-    env = {**os.environ, "LINGCODE_HOME": str(home), "LINGCODE_ENGINE_PROCESS": "1"}
-    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu"]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    record = home / "state" / "daemon.json"
-    deadline = time.monotonic() + 180
-    while not record.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the daemon did not get ready:\n{log_path.read_text()}")
-        time.sleep(0.1)
-    info = json.loads(record.read_text())
-    yield process, info["url"], Path(info["token_file"]).read_text().strip(), log_path
+    started = serve(model_path, home, env={"LINGCODE_ENGINE_PROCESS": "1"})
+    process = started.process
+    yield process, started.url, started.token, started.log
     if process.poll() is None:
         process.kill()
         process.wait()

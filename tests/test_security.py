@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import share_built_caches
+from conftest import serve, share_built_caches
 
 from lingcode import paths
 from lingcode.server import daemon as d
@@ -55,21 +55,10 @@ def guarded(model_path, tmp_path_factory):
     # A short directory: Unix socket paths are limited to ~107 bytes.
     home = share_built_caches(Path(tmp_path_factory.mktemp("sec")))
     sock = home / "lc.sock"
-    log_path = home / "daemon.log"
-    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu",
-               "--unix-socket", str(sock), "--allow-host", ALLOWED_HOST, "--allow-origin", ALLOWED_ORIGIN]  # fmt: skip
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env={**os.environ, "LINGCODE_HOME": str(home)}, stdout=log,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
-    daemon_file = home / "state" / "daemon.json"
-    deadline = time.monotonic() + 120
-    while not daemon_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"the daemon did not start:\n{log_path.read_text()}")
-        time.sleep(0.1)
-    record = json.loads(daemon_file.read_text())
-    yield Guarded(record["url"], Path(record["token_file"]).read_text().strip(), sock, home, process, log_path)
+    started = serve(model_path, home, "--unix-socket", str(sock), "--allow-host", ALLOWED_HOST,
+                    "--allow-origin", ALLOWED_ORIGIN)  # fmt: skip
+    process = started.process
+    yield Guarded(started.url, started.token, sock, home, process, started.log)
     if process.poll() is None:
         process.kill()
         process.wait()
