@@ -152,6 +152,18 @@ SAMPLING = {
 }
 
 
+def test_a_prompt_without_a_known_token_is_a_400(daemon, auth):
+    """The fuzzer found it: "\x16" has no token in SmolLM2's vocabulary, so the prompt was no ids
+    at all and the engine's refusal came back as a 500."""
+    for stream in (False, True):
+        response = httpx.post(daemon.url + "/v1/completions", json={"prompt": "\x16", "max_tokens": 4, "stream": stream},
+                              headers=auth)  # fmt: skip
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "prompt" and "vocabulary" in error["message"], error
+    assert httpx.post(daemon.url + "/v1/completions", json={"prompt": "\x16a", "max_tokens": 4},
+                      headers=auth).status_code == 200  # fmt: skip
+
+
 def test_valid_generation_requests_are_always_answered(daemon, auth, engine):
     vocab = engine.info.tokenizer.vocab_size
     prompts = st.text(min_size=1, max_size=40) | st.lists(st.integers(0, vocab - 1), min_size=1, max_size=16)
@@ -162,6 +174,9 @@ def test_valid_generation_requests_are_always_answered(daemon, auth, engine):
     def run(body):
         response = httpx.post(daemon.url + "/v1/completions", json={**body, "max_tokens": MAX_FUZZ_TOKENS},
                               headers=auth, timeout=120)  # fmt: skip
+        if isinstance(body["prompt"], str) and not engine.info.tokenizer.encode(body["prompt"]):
+            assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
+            return  # no token to start from (test_a_prompt_without_a_known_token_is_a_400)
         assert response.status_code == 200, response.text
         if body.get("stream"):
             events = [e.removeprefix("data: ") for e in response.text.split("\n\n") if e.strip()]

@@ -19,6 +19,9 @@ class CompletionsServing(Serving):
 
     async def prepare(self, body: CompletionRequest, request: Request) -> Prepared:
         input_ids = self.prompt_ids_of(body)
+        if not input_ids:  # e.g. a control character that the vocabulary has no token for
+            raise invalid(f"the prompt {body.prompt!r} has no token in model {self.info.name!r}'s vocabulary; "
+                          "the model needs at least one", param="prompt", code="empty_prompt")  # fmt: skip
         params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "prompt")
         shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
         turn = Turn(shape.request_id, input_ids, params, stop=body.stop_strings(), stop_loops=stop_loops)
