@@ -61,20 +61,25 @@ class HeadWithBody:
         return getattr(self._transport, name)
 
 
-def _send_held_head(protocol) -> None:
-    transport = getattr(protocol.cycle, "transport", None)
-    if isinstance(transport, HeadWithBody):
-        transport.flush()
+class HoldsHeads:
+    """Both protocols' part: each new request's cycle writes through a HeadWithBody, whose held
+    head goes out when the response completes. Each protocol calls hold_heads() where its parser
+    starts a cycle (h11: handle_events; httptools: on_headers_complete)."""
+
+    def hold_heads(self, before) -> None:
+        """Give a cycle that the parser just started a HeadWithBody transport (before its task runs)."""
+        cycle = self.cycle
+        if cycle is not None and cycle is not before and not isinstance(cycle.transport, HeadWithBody):
+            cycle.transport = HeadWithBody(cycle.transport)
+
+    def on_response_complete(self) -> None:
+        transport = getattr(self.cycle, "transport", None)
+        if isinstance(transport, HeadWithBody):
+            transport.flush()
+        super().on_response_complete()
 
 
-def _hold_heads(protocol, before) -> None:
-    """Give a cycle that the parser just started a HeadWithBody transport (before its task runs)."""
-    cycle = protocol.cycle
-    if cycle is not None and cycle is not before and not isinstance(cycle.transport, HeadWithBody):
-        cycle.transport = HeadWithBody(cycle.transport)
-
-
-class APIErrorH11Protocol(H11Protocol):
+class APIErrorH11Protocol(HoldsHeads, H11Protocol):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.request_line = b""  # the current request's first line, as received: its path picks the error shape
@@ -98,11 +103,7 @@ class APIErrorH11Protocol(H11Protocol):
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
-        _hold_heads(self, before)
-
-    def on_response_complete(self) -> None:
-        _send_held_head(self)
-        super().on_response_complete()
+        self.hold_heads(before)
 
     def send_400_response(self, msg: str) -> None:
         refusal = self.refusal
@@ -143,7 +144,7 @@ def protocol_class() -> type:
     except ImportError:
         return APIErrorH11Protocol
 
-    class APIErrorHttpToolsProtocol(HttpToolsProtocol):
+    class APIErrorHttpToolsProtocol(HoldsHeads, HttpToolsProtocol):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.refusal: Exception | None = None
@@ -165,11 +166,7 @@ def protocol_class() -> type:
         def on_headers_complete(self) -> None:
             before = self.cycle
             super().on_headers_complete()
-            _hold_heads(self, before)
-
-        def on_response_complete(self) -> None:
-            _send_held_head(self)
-            super().on_response_complete()
+            self.hold_heads(before)
 
         def send_400_response(self, msg: str) -> None:
             try:
