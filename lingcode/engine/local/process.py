@@ -234,8 +234,7 @@ class _Stream:
             return
         if self.pending:
             self.send(("chunk", self.request_id, merge_chunks(self.pending)))
-        self.send(("error", self.request_id, end if _picklable(end) else EngineError(f"{type(end).__name__}: {end}"),
-                   stats))  # fmt: skip
+        self.send(("error", self.request_id, _sendable(end), stats))
 
 
 def _serve(engine, sock: socket.socket) -> None:
@@ -263,8 +262,7 @@ def _serve(engine, sock: socket.socket) -> None:
                 done = engine.submit(request_id, input_ids, params, stream.put)
                 done.add_done_callback(lambda _, stream=stream: stream.finish(engine.stats()))
             except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
-                send(("error", request_id, exc if _picklable(exc) else EngineError(f"{type(exc).__name__}: {exc}"),
-                      engine.stats()))  # fmt: skip
+                send(("error", request_id, _sendable(exc), engine.stats()))
         elif message[0] == "abort":
             engine.stop(message[1])
         elif message[0] == "close":
@@ -272,12 +270,13 @@ def _serve(engine, sock: socket.socket) -> None:
     asyncio.run(engine.close())
 
 
-def _picklable(value) -> bool:
+def _sendable(exc: BaseException) -> BaseException:
+    """The exception itself where it pickles, else an EngineError that says what it was."""
     try:
-        pickle.dumps(value)
-        return True
+        pickle.dumps(exc)
+        return exc
     except Exception:  # noqa: BLE001
-        return False
+        return EngineError(f"{type(exc).__name__}: {exc}")
 
 
 def main(argv: list[str]) -> int:
