@@ -426,6 +426,8 @@ async def test_no_daemon_starts_one_and_a_lost_daemon_loses_no_message(monkeypat
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: link.connected, "the chat to start a daemon", timeout=180)
             started.append(link.daemon.pid)
+            # The link connects first; the app writes "connected" when it handles that, a message later.
+            await wait_until(pilot, lambda: "connected:" in notes(app)[0], "the note to say it connected")
             progress = notes(app)[0]
             assert progress.startswith("**Starting the daemon**") and "starting the lingcode daemon" in progress
             assert "connected: smollm2-135m-instruct, context 8192 tokens" in progress
