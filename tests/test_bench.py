@@ -75,3 +75,21 @@ def test_bench_runs_llama_cpp_in_its_own_interpreter(tmp_path, model_path):
     assert worker["engine"]["python"] != sys.executable and worker["threads"] == report["threads"]
     peer = [r for r in report["requests"] if r["variant"] == "llama.cpp"]
     assert len(peer) == 1 and 1 <= peer[0]["tokens"] <= 8
+
+
+def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
+    """`lingcode bench daemon` against SGLang's stand-in: a row per client, each beside its own floor."""
+    out = tmp_path / "daemon"
+    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
+                           str(model_path), "--workload", "chat", "--requests", "1", "--max-tokens", "8",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert [row["client"] for row in report["rows"]] == ["httpx", "aiohttp"]
+    for row in report["rows"]:
+        assert row["same_text"] and row["tokens"] == 8
+        assert row["tpot_ratio"] > 0 and row["tpot_ratio_paired"] > 0 and row["client_floor_ms"] > 0
+        # the daemon's trace: what came before the engine, and the first body after it
+        assert 0 < row["trace_cached_ms"]["until_engine"] < row["trace_cached_ms"]["until_first_body"]
+    assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp"}
+    assert "| speculation | workload | client |" in out.with_suffix(".md").read_text()

@@ -1,15 +1,17 @@
 """`lingcode bench daemon`: what the daemon adds to the engine, measured from a real client.
 
 The same requests go to the engine directly (in this process) and through a running daemon
-(`lingcode serve` in a process of its own, streamed over SSE and read by httpx), alternating
-request by request, with and without drafts. Each request is sent twice in a row, so the second
+(`lingcode serve` in a process of its own, streamed over SSE), alternating request by request,
+with and without drafts. Two real clients read the daemon: httpx (the openai and anthropic SDKs'
+transport) and aiohttp; their own cost differs by more than a millisecond a request, which is
+the client's, not the daemon's. Each request is sent twice in a row, so the second
 one finds its prompt in the KV cache: the time to first token the daemon adds is read there.
 Reported per workload and speculation mode (medians):
 
 - ms per output token, direct and through the daemon, and their ratio;
 - time to first token on a cached prompt, direct and through the daemon, and the difference;
-  and the client's floor: the same client and request against a server that answers at once
-  (what httpx itself costs; the difference less the floor is the daemon's own part);
+  and each client's floor: the same client and request against a server that answers at once
+  (what the client itself costs; the difference less the floor is the daemon's own part);
 - where the daemon's time went (`timings.trace`, asked for with the X-Lingcode-Trace header):
   body and validation, template and tokenization, queueing, the engine's first chunk,
   detokenization, stop strings, reasoning and tool parsing, response shaping (SSE framing),
@@ -38,6 +40,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -90,6 +93,7 @@ class Sample:
     text: str = ""
     trace: dict = field(default_factory=dict)
     engine_decode_ms: float | None = None  # the engine's own decode time for this request
+    client: str = ""  # the daemon's and the floor's: "httpx" | "aiohttp"
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -133,29 +137,61 @@ async def direct_sglang(client: httpx.AsyncClient, input_ids: list[int], max_tok
     return (first - started) * 1e3, _tpot(first, last, len(ids)), ids
 
 
-async def through_daemon(client: httpx.AsyncClient, messages: list[dict], max_tokens: int) -> tuple[float, float | None, int, str, dict]:
-    """A streamed chat completion: client-side ttft and tpot, tokens, text, and the daemon's trace."""
+async def through_daemon(client, messages: list[dict], max_tokens: int) -> tuple[float, float | None, int, str, dict]:
+    """A streamed chat completion read by `client` (an httpx.AsyncClient or an aiohttp.ClientSession):
+    client-side ttft and tpot, tokens, text, and the daemon's trace."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     started, first, last, parts, tokens, trace = time.perf_counter(), None, None, [], 0, {}
-    async with client.stream("POST", "/v1/chat/completions", json=body, headers={"x-lingcode-trace": "1"}) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"daemon answered {response.status_code}: {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or []:
-                if choice["delta"].get("content"):
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    parts.append(choice["delta"]["content"])
-                if choice.get("finish_reason"):
-                    trace = chunk.get("timings", {}).get("trace", {})
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
+    async for line in _sse_lines(client, "/v1/chat/completions", body):
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        for choice in chunk.get("choices") or []:
+            if choice["delta"].get("content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                parts.append(choice["delta"]["content"])
+            if choice.get("finish_reason"):
+                trace = chunk.get("timings", {}).get("trace", {})
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
     return (first - started) * 1e3, _tpot(first, last, tokens), tokens, "".join(parts), trace
+
+
+async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
+    """The lines of a POST's streamed answer, as each client reads them."""
+    headers = {"x-lingcode-trace": "1"}
+    if isinstance(client, httpx.AsyncClient):
+        async with client.stream("POST", path, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"daemon answered {response.status_code}: {(await response.aread())[:300]!r}")
+            async for line in response.aiter_lines():
+                yield line
+        return
+    async with client.post(path, json=body, headers=headers) as response:
+        if response.status != 200:
+            raise RuntimeError(f"daemon answered {response.status}: {(await response.read())[:300]!r}")
+        async for raw in response.content:
+            yield raw.decode().rstrip("\r\n")
+
+
+def _clients(base_url: str, headers: dict) -> dict:
+    """The daemon's readers, by name: httpx and aiohttp (where installed: the dev extra), each with
+    one kept-alive connection."""
+    clients = {"httpx": httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600)}
+    try:
+        import aiohttp
+    except ImportError:
+        return clients
+    clients["aiohttp"] = aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600))
+    return clients
+
+
+async def _close(clients: dict) -> None:
+    for client in clients.values():
+        await (client.aclose() if isinstance(client, httpx.AsyncClient) else client.close())
 
 
 # --- daemons ------------------------------------------------------------------------------------
@@ -266,8 +302,7 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
     workloads = [w for w in args.workload.split(",") if w]
     floor_port = _free_port()
     floor = subprocess.Popen([sys.executable, "-m", "lingcode.bench.daemon", str(floor_port)])
-    floor_client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{floor_port}", headers={"Authorization": "Bearer floor"},
-                                     timeout=60)  # fmt: skip
+    floor_clients = _clients(f"http://127.0.0.1:{floor_port}", {"Authorization": "Bearer floor"})
     for _ in range(100):  # until the floor's server listens
         try:
             socket.create_connection(("127.0.0.1", floor_port), timeout=1).close()
@@ -275,13 +310,13 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
         except OSError:
             time.sleep(0.05)
     try:
-        return await _rounds(args, gguf, serve_env, workloads, floor_client, samples)
+        return await _rounds(args, gguf, serve_env, workloads, floor_clients, samples)
     finally:
-        await floor_client.aclose()
+        await _close(floor_clients)
         floor.terminate()
 
 
-async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor_client: httpx.AsyncClient,
+async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor_clients: dict,
                   samples: list[Sample]) -> list[Sample]:  # fmt: skip
     from lingcode.text.chat_template import render_chat
 
@@ -319,14 +354,16 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                 daemon = Daemon(serve_args, home, serve_env)
                 engine = load_engine(gguf, device=args.device, speculation=speculation, kernels=args.kernels)
                 info = engine.info
-            headers = {"Authorization": f"Bearer {daemon.token}"}
-            async with httpx.AsyncClient(base_url=daemon.url, headers=headers, timeout=600) as client:
+            clients = _clients(daemon.url, {"Authorization": f"Bearer {daemon.token}"})
+            stats_client = clients["httpx"]
+            try:
                 for workload in workloads:
                     messages = WORKLOADS[workload]
                     input_ids = info.tokenizer.encode(render_chat(info.chat_template, messages, bos_token=info.bos_token,
                                                                   eos_token=info.eos_token))  # fmt: skip
-                    for i in range(args.requests + 1):  # the first round warms both sides up
-                        for side in ("direct", "daemon") if i % 2 == 0 else ("daemon", "direct"):
+                    sides = ["direct", *clients]
+                    for i in range(args.requests + 1):  # the first round warms every side up
+                        for side in sides[i % len(sides):] + sides[: i % len(sides)]:  # each goes first in turn
                             for cached in (False, True):
                                 if side == "direct":
                                     if engine is not None:
@@ -340,19 +377,22 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                     sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
                                                     info.tokenizer.decode(ids), engine_decode_ms=decode_ms)  # fmt: skip
                                 else:
-                                    ttft, tpot, n, text, trace = await through_daemon(client, messages, args.max_tokens)
-                                    stats = (await client.get("/v1/lingcode/stats")).json()["engine"]
+                                    ttft, tpot, n, text, trace = await through_daemon(clients[side], messages, args.max_tokens)
+                                    stats = (await stats_client.get("/v1/lingcode/stats")).json()["engine"]
                                     decode_ms = stats.get("last_request", {}).get("decode_ms")
-                                    sample = Sample(side, workload, speculation, cached, n, ttft, tpot, text, trace,
-                                                    decode_ms)  # fmt: skip
+                                    sample = Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
+                                                    decode_ms, client=side)  # fmt: skip
                                 if i > 0:
                                     samples.append(sample)
-                                print(f"  {speculation:>5} {workload:>9} {side:>6} {'cached' if cached else 'cold':>6}: "
+                                print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
                                       f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
                                       f"({sample.tokens} tokens){'' if i else '  (warm-up)'}", flush=True)  # fmt: skip
-                        ttft, *_ = await through_daemon(floor_client, messages, args.max_tokens)
-                        if i > 0:
-                            samples.append(Sample("floor", workload, speculation, True, 0, ttft, None))
+                        for name, floor_client in floor_clients.items():
+                            ttft, *_ = await through_daemon(floor_client, messages, args.max_tokens)
+                            if i > 0:
+                                samples.append(Sample("floor", workload, speculation, True, 0, ttft, None, client=name))
+            finally:
+                await _close(clients)
         finally:
             if daemon is not None:
                 daemon.stop()
@@ -376,28 +416,38 @@ def summarize(samples: list[Sample]) -> list[dict]:
             if not group:
                 continue
             direct = [s for s in group if s.side == "direct"]
-            daemon = [s for s in group if s.side == "daemon"]
-            floor = _median(s.ttft_ms for s in group if s.side == "floor")
-            tpot_direct, tpot_daemon = _median(s.tpot_ms for s in direct), _median(s.tpot_ms for s in daemon)
-            ttft_direct = _median(s.ttft_ms for s in direct if s.cached)
-            ttft_daemon = _median(s.ttft_ms for s in daemon if s.cached)
-            stages = sorted({k for s in daemon for k in s.trace})
-            trace = {k: _median(s.trace.get(k) for s in daemon if s.cached) for k in stages}
-            decode_direct = _median(s.engine_decode_ms for s in direct)
-            decode_daemon = _median(s.engine_decode_ms for s in daemon)
-            added = ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None
-            rows.append({
-                "speculation": speculation, "workload": workload, "tokens": _median(s.tokens for s in direct + daemon),
-                "tpot_direct_ms": tpot_direct, "tpot_daemon_ms": tpot_daemon,
-                "tpot_ratio": tpot_daemon / tpot_direct if tpot_direct and tpot_daemon else None,
-                "ttft_cached_direct_ms": ttft_direct, "ttft_cached_daemon_ms": ttft_daemon,
-                "ttft_added_ms": added, "client_floor_ms": floor,
-                "ttft_added_less_floor_ms": added - floor if added is not None and floor is not None else None,
-                "engine_decode_ratio": decode_daemon / decode_direct if decode_direct and decode_daemon else None,
-                "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
-                "trace_cached_ms": trace,
-            })  # fmt: skip
+            for client in dict.fromkeys(s.client for s in group if s.side == "daemon"):
+                rows.append(_row(speculation, workload, client, direct,
+                                 [s for s in group if s.side == "daemon" and s.client == client],
+                                 _median(s.ttft_ms for s in group if s.side == "floor" and s.client == client)))  # fmt: skip
     return rows
+
+
+def _row(speculation: str, workload: str, client: str, direct: list[Sample], daemon: list[Sample],
+         floor: float | None) -> dict:  # fmt: skip
+    """One client's row: its daemon samples against the direct ones (both in the same rounds' order)."""
+    tpot_direct, tpot_daemon = _median(s.tpot_ms for s in direct), _median(s.tpot_ms for s in daemon)
+    ttft_direct = _median(s.ttft_ms for s in direct if s.cached)
+    ttft_daemon = _median(s.ttft_ms for s in daemon if s.cached)
+    stages = sorted({k for s in daemon for k in s.trace})
+    trace = {k: _median(s.trace.get(k) for s in daemon if s.cached) for k in stages}
+    decode_direct = _median(s.engine_decode_ms for s in direct)
+    decode_daemon = _median(s.engine_decode_ms for s in daemon)
+    added = ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None
+    return {
+        "speculation": speculation, "workload": workload, "client": client,
+        "tokens": _median(s.tokens for s in direct + daemon),
+        "tpot_direct_ms": tpot_direct, "tpot_daemon_ms": tpot_daemon,
+        "tpot_ratio": tpot_daemon / tpot_direct if tpot_direct and tpot_daemon else None,
+        # each daemon request against the direct one of the same round: slow drifts of the machine cancel
+        "tpot_ratio_paired": _median(b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms),
+        "ttft_cached_direct_ms": ttft_direct, "ttft_cached_daemon_ms": ttft_daemon,
+        "ttft_added_ms": added, "client_floor_ms": floor,
+        "ttft_added_less_floor_ms": added - floor if added is not None and floor is not None else None,
+        "engine_decode_ratio": decode_daemon / decode_direct if decode_direct and decode_daemon else None,
+        "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
+        "trace_cached_ms": trace,
+    }  # fmt: skip
 
 
 def _fmt(value, digits=3) -> str:
@@ -407,24 +457,28 @@ def _fmt(value, digits=3) -> str:
 def markdown(report: dict) -> str:
     lines = [f"# lingcode bench daemon ({report['engine']})", "", f"- command: `{report['command']}`",
              f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}", "",
-             "| speculation | workload | tokens | ms/token direct | ms/token daemon | ratio | TTFT cached direct | "
-             "TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
+             "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
+             "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
              "engine decode, daemon/direct | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
-        lines.append(f"| {r['speculation']} | {r['workload']} | {_fmt(r['tokens'], 0)} | {_fmt(r['tpot_direct_ms'])} | "
-                     f"{_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | {_fmt(r['ttft_cached_direct_ms'], 2)} | "
+        lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
+                     f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
+                     f"{_fmt(r.get('tpot_ratio_paired'))} | {_fmt(r['ttft_cached_direct_ms'], 2)} | "
                      f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
                      f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {r['same_text']} |")  # fmt: skip
-    lines += ["", "The client floor is the same client and request against a server that answers at once (the "
-              "HTTP client's own cost, which no server can remove).", "",
-              "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians):", ""]  # fmt: skip
+    lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
+              "direct request of its round. The client floor is the same client and request against a server that "
+              "answers at once (the HTTP client's own cost, which no server can remove).", "",
+              "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians; `until_*` from "
+              "the request's arrival, the rest summed over the request):", ""]  # fmt: skip
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})
-    lines.append("| speculation | workload | " + " | ".join(stages) + " |")
-    lines.append("|---|---|" + "---|" * len(stages))
+    lines.append("| speculation | workload | client | " + " | ".join(stages) + " |")
+    lines.append("|---|---|---|" + "---|" * len(stages))
     for r in report["rows"]:
-        lines.append(f"| {r['speculation']} | {r['workload']} | " + " | ".join(_fmt(r["trace_cached_ms"].get(k)) for k in stages) + " |")
+        lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | "
+                     + " | ".join(_fmt(r["trace_cached_ms"].get(k)) for k in stages) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

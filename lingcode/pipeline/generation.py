@@ -238,6 +238,7 @@ async def generate_text(
 
     if stop or cut is not None:
         params = replace(params, text_ends=True)
+    trace.mark("until_engine")  # what the daemon did before the engine got the request
     chunks = scheduler.generate(request_id, input_ids, params, priority=priority, latest_wins=latest_wins)
     try:
         async with aclosing(chunks):
