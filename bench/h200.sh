@@ -4,7 +4,7 @@
 # (`lingcode bench`: the Triton step, the default, and the torch step), whose "same tokens" column
 # is the lossless check: greedy drafts must give plain decoding's tokens.
 # Run from the repo root on the GPU machine: bench/h200.sh OUTDIR [PARTS], PARTS a subset of
-# "tests daemon process sglang kernels" (default: all; "daemon process" fit one 10-minute call).
+# "tests daemon one-process sglang kernels" (default: all; "daemon one-process" fit one 10-minute call).
 # Needs: the default model's GGUF at $LINGCODE_MODEL, `lingcode` importable (the package's folders:
 # lingcode/, with server/, lsp/, tui/ reachable as lingcode.server etc.), and pyproject.toml's
 # dependencies that the machine lacks, carried as wheels (pip install --no-index --target DIR *.whl):
@@ -12,7 +12,7 @@
 # $LINGCODE_COMMIT names the commit measured (the machine's copy has no history).
 set -uo pipefail
 out=${1:-bench/results}
-parts=${2:-tests daemon process sglang kernels}
+parts=${2:-tests daemon one-process sglang kernels}
 mkdir -p "$out"
 export LINGCODE_HOME=${LINGCODE_HOME:-/tmp/lingcode-home}
 mkdir -p "$LINGCODE_HOME/cache/models"
@@ -27,11 +27,11 @@ echo "== the daemon's overhead (local engine, default kernels)"
 timeout 280 python3 -m lingcode bench daemon --device cuda --workload chat,code-edit --requests 5 --max-tokens 512 \
   --speculation off,ngram --out "$out/daemon-h200-$stamp" > "$out/daemon-h200.log" 2>&1
 fi
-if [[ $parts == *process* ]]; then
-echo "== the same with the engine in a process of its own"
+if [[ $parts == *one-process* ]]; then
+echo "== the same with the engine in the daemon's process (on a GPU it has one of its own by default)"
 timeout 280 python3 -m lingcode bench daemon --device cuda --workload chat,code-edit --requests 5 --max-tokens 512 \
-  --speculation off,ngram --serve-env LINGCODE_ENGINE_PROCESS=1 --out "$out/daemon-h200-process-$stamp" \
-  > "$out/daemon-h200-process.log" 2>&1
+  --speculation off,ngram --serve-env LINGCODE_ENGINE_PROCESS=0 --out "$out/daemon-h200-one-process-$stamp" \
+  > "$out/daemon-h200-one-process.log" 2>&1
 fi
 if [[ $parts == *sglang* ]]; then
 echo "== the SGLang adapter against its stand-in"

@@ -41,6 +41,19 @@ GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGT
 SWITCH_INTERVAL_MS = 0.05  # see serve(); Python's default is 5 ms
 
 
+def _engine_in_own_process(device: str) -> bool:
+    """The GPU engine runs in a process of its own: its Python between two GPU steps then never
+    waits for the event loop's GIL (drafting ran 1.11-1.14x slower beside the loop; docs/engine-notes.md).
+    The CPU step computes without the GIL, and there the hop would only delay the first token.
+    LINGCODE_ENGINE_PROCESS=1 or 0 decides instead (lingcode bench daemon compares the two)."""
+    chosen = os.environ.get("LINGCODE_ENGINE_PROCESS", "")
+    if chosen in ("0", "1"):
+        return chosen == "1"
+    from lingcode.engine.local.engine import pick_device
+
+    return pick_device(device).type == "cuda"
+
+
 def _say(message: str) -> None:
     print(message, flush=True)
 
@@ -347,7 +360,7 @@ def serve(
             local_engine = open_engine(model_path, engine_url=engine_url, profile=profile, name=model_name, say=_say)
         else:
             _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
-            if os.environ.get("LINGCODE_ENGINE_PROCESS") == "1":  # measured against the default by lingcode bench daemon
+            if _engine_in_own_process(device):
                 from lingcode.engine.local.process import EngineProcess
 
                 local_engine = EngineProcess.start(Path(model_path), device=device, kernels=kernels, compile=compile,

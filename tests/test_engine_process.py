@@ -103,3 +103,35 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_an_abort_that_comes_before_its_request_started_is_kept(model_path):
+    """Aborts travel on a socket of their own, so one can arrive before its request was read: the
+    request then ends at once ("abort", no tokens), and never runs."""
+    import asyncio
+
+    from lingcode.engine import SamplingParams
+    from lingcode.engine.local.process import EngineProcess
+
+    async def scenario() -> tuple[list, list, dict]:
+        engine = EngineProcess.start(model_path, device="cpu")
+        try:
+            ids = engine.info.tokenizer.encode("def reverse(s):")
+            params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+            first = engine.generate("long", ids, params)
+            await anext(first)  # the child runs "long" now; "late" waits behind it in the request socket
+            late = engine.generate("late", ids, params)
+            late_next = asyncio.ensure_future(anext(late))
+            await asyncio.sleep(0.05)  # its generate message is sent
+            await engine.abort("late")
+            await engine.abort("long")
+            long_chunks = [c async for c in first]
+            late_chunks = [await late_next] + [c async for c in late]
+            return long_chunks, late_chunks, engine.stats()
+        finally:
+            await engine.close()
+
+    long_chunks, late_chunks, stats = asyncio.run(scenario())
+    assert long_chunks[-1].finish_reason == "abort"
+    assert [(c.token_ids, c.finish_reason) for c in late_chunks] == [([], "abort")]
+    assert stats["requests"] == 1 and stats["aborted"] == 1  # "late" never reached the engine

@@ -155,6 +155,21 @@ class LocalEngine:
         """Run one request on the worker thread, which calls emit() with each step's TokenChunk (or
         the exception that ends it). generate() hands them to the event loop; the engine's own
         process (lingcode.engine.local.process) writes them to its socket."""
+        req = self._admit(request_id, input_ids, params, emit)
+        done = self._worker.submit(self._run, req)
+        done.add_done_callback(lambda _: self._requests.pop(request_id, None))
+        return done
+
+    def run(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> None:
+        """submit()'s work in the calling thread, to the end (the engine's own process runs requests
+        on the thread that reads them: no hand-over to the worker, one thread wake-up less)."""
+        req = self._admit(request_id, input_ids, params, emit)
+        try:
+            self._run(req)
+        finally:
+            self._requests.pop(request_id, None)
+
+    def _admit(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> _Request:
         if not input_ids:
             raise ValueError("input_ids is empty")
         if len(input_ids) >= self.info.context_length:
@@ -162,10 +177,8 @@ class LocalEngine:
                 f"{len(input_ids)} input tokens leave no room in the model's context of "
                 f"{self.info.context_length} tokens"
             )
-        self._requests[request_id] = _Request(request_id, list(input_ids), params, emit)
-        done = self._worker.submit(self._run, self._requests[request_id])
-        done.add_done_callback(lambda _: self._requests.pop(request_id, None))
-        return done
+        self._requests[request_id] = req = _Request(request_id, list(input_ids), params, emit)
+        return req
 
     def stop(self, request_id: str) -> None:
         """Abort a running request from any thread: it ends within a step."""

@@ -3,19 +3,21 @@
 In one process the daemon's event loop and the engine's worker thread share the GIL: every chunk
 the loop processes (detokenize, stop strings, parsers, an SSE frame) is time the worker's Python
 between two GPU steps may wait for it, and with drafting on a GPU that slows the engine itself
-(docs/engine-notes.md). Here the engine runs in a child (`python -m lingcode.engine.local.process`),
-whose own loop only forwards chunks. The daemon uses it with LINGCODE_ENGINE_PROCESS=1: the extra
-hop costs the first token more than the GIL does, so far.
+(docs/engine-notes.md). Here the engine runs in a child (`python -m lingcode.engine.local.process`).
+The daemon runs its GPU engine so (LINGCODE_ENGINE_PROCESS=1 or 0 says otherwise); on the CPU the
+step's threads hold no GIL while they compute, and the hop would cost the first token for nothing.
 
-The two talk over a socket pair, each message a length-prefixed pickle:
+The two talk over two socket pairs, each message a length-prefixed pickle:
 
-    daemon -> child   ("generate", rid, input_ids, params, grammar)   ("abort", rid)   ("close",)
-    child -> daemon   ("ready", info, stats) or ("failed", text)   then per request: ("chunk", rid, chunk)...,
-                      and ("last", rid, chunk, stats) or ("error", rid, exception, stats)
+    requests  daemon -> child   ("generate", rid, input_ids, params, grammar)   ("close",)
+              child -> daemon   ("ready", info, stats) or ("failed", text)   then per request:
+                                ("chunk", rid, chunk)..., and ("last", rid, chunk, stats) or ("error", rid, exception, stats)
+    control   daemon -> child   ("abort", rid)   ("close",)
 
-The child has no event loop: its main thread reads the daemon's messages, and the engine's worker
-thread writes each request's chunks to the socket itself, so a first token takes no more hops
-than in one process. A grammar (a per-request matcher, not picklable) goes as its source and is
+The child has no event loop and no hand-over between threads: its main thread reads a request,
+runs it (LocalEngine.run) and writes its chunks to the socket as they come, then reads the next;
+a thread of its own reads the control socket, so an abort reaches a running request within a
+step. A grammar (a per-request matcher, not picklable) goes as its source and is
 compiled again in the child. The last chunk comes with the engine's counters after the request was accounted, so
 stats() is never behind a finished request. A request closed early is aborted and its stream
 waited for, as the in-process engine's generate() does: the engine is free when it returns.
@@ -67,9 +69,9 @@ def _recv_blocking(sock: socket.socket) -> tuple:
 class EngineProcess:
     """An Engine whose model runs in a child process (start() loads it there)."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, info: ModelInfo):
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, control: socket.socket, info: ModelInfo):
         self.process, self.info = process, info
-        self._sock = sock
+        self._sock, self._control = sock, control
         self._buffer = b""
         self._streams: dict[str, asyncio.Queue] = {}
         self._stats: dict = {}
@@ -81,22 +83,27 @@ class EngineProcess:
     def start(cls, model_path, **load_args) -> "EngineProcess":
         """Start the child and wait until it has loaded the model (raises EngineError with its reason)."""
         ours, theirs = socket.socketpair()
+        control, their_control = socket.socketpair()
         args = json.dumps({"model_path": str(model_path), **load_args})
-        process = subprocess.Popen([sys.executable, "-m", "lingcode.engine.local.process", str(theirs.fileno()), args],
-                                   pass_fds=(theirs.fileno(),))  # fmt: skip
+        fds = (theirs.fileno(), their_control.fileno())
+        process = subprocess.Popen([sys.executable, "-m", "lingcode.engine.local.process", *map(str, fds), args],
+                                   pass_fds=fds)  # fmt: skip
         theirs.close()
+        their_control.close()
         try:
             kind, payload, *stats = _recv_blocking(ours)
         except (EOFError, OSError):
             process.wait()
             ours.close()
+            control.close()
             raise EngineError(f"the engine process exited with status {process.returncode} while loading") from None
         if kind != "ready":
             process.wait()
             ours.close()
+            control.close()
             raise EngineError(payload)
         ours.setblocking(False)
-        engine = cls(process, ours, payload)
+        engine = cls(process, ours, control, payload)
         engine._stats = stats[0]
         return engine
 
@@ -137,7 +144,10 @@ class EngineProcess:
 
     async def abort(self, request_id: str) -> None:
         if request_id in self._streams and self._gone is None:
-            await asyncio.get_running_loop().sock_sendall(self._sock, _pack(("abort", request_id)))
+            try:
+                self._control.sendall(_pack(("abort", request_id)))  # a few bytes: never blocks
+            except OSError:
+                pass  # the child is gone: its stream ends with the error _lost() queued
 
     def stats(self) -> dict:
         return {**self._stats, "running": self._running, "process": self.process.pid}
@@ -147,7 +157,8 @@ class EngineProcess:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._reading = False
         if self.process.poll() is None:
-            try:
+            try:  # the control socket aborts a running request; the request socket ends the child
+                self._control.sendall(_pack(("close",)))
                 self._sock.setblocking(True)
                 self._sock.sendall(_pack(("close",)))
             except OSError:
@@ -157,6 +168,7 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         self._sock.close()
+        self._control.close()
 
     # --- the child's messages ------------------------------------------------------------------------
 
@@ -207,17 +219,20 @@ class EngineProcess:
 
 
 class _Stream:
-    """One request's chunks, from the engine's worker thread straight to the socket: the first at
+    """One request's chunks, from the thread that runs it straight to the socket: the first at
     once, later ones merged and at most every interval (as ChunkChannel hands them to a loop), the
     last one, or the error, with the engine's counters once the worker is done with the request."""
 
-    def __init__(self, request_id: str, send, interval_s: float):
+    def __init__(self, request_id: str, send, interval_s: float, aborted: set[str], stop):
         self.request_id, self.send, self.interval_s = request_id, send, interval_s
+        self.aborted, self.stop = aborted, stop
         self.pending: list[TokenChunk] = []
         self.sent_at: float | None = None
         self.end: TokenChunk | BaseException | None = None
 
-    def put(self, item: TokenChunk | BaseException) -> None:  # the worker thread
+    def put(self, item: TokenChunk | BaseException) -> None:  # the thread that runs the request
+        if self.request_id in self.aborted:  # an abort that came before the request was registered
+            self.stop(self.request_id)
         if not isinstance(item, TokenChunk) or item.finish_reason is not None:
             self.end = item  # sent by finish(), with the counters
             return
@@ -227,7 +242,7 @@ class _Stream:
             self.send(("chunk", self.request_id, merge_chunks(self.pending)))
             self.pending, self.sent_at = [], now
 
-    def finish(self, stats: dict) -> None:  # the worker thread, once the request is accounted for
+    def finish(self, stats: dict) -> None:  # once the request is over and accounted for
         end = self.end if self.end is not None else EngineError("the engine ended a request without a finish reason")
         if isinstance(end, TokenChunk):
             self.send(("last", self.request_id, merge_chunks(self.pending + [end]), stats))
@@ -237,37 +252,53 @@ class _Stream:
         self.send(("error", self.request_id, _sendable(end), stats))
 
 
-def _serve(engine, sock: socket.socket) -> None:
-    """Start requests as the daemon sends them, abort them when it says; until it says close."""
+def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
+    """Run requests as the daemon sends them, one at a time, on this thread; until it says close."""
     from lingcode.agent.grammar import constraint
 
-    lock = threading.Lock()
+    aborted: set[str] = set()  # ids the daemon aborted: the running one, or the next, whose abort came first
+    threading.Thread(target=_control, args=(engine, control, aborted), daemon=True, name="lingcode-control").start()
 
     def send(message: tuple) -> None:
-        data = _pack(message)
-        with lock:
-            sock.sendall(data)
+        sock.sendall(_pack(message))
 
     while True:
         try:
             message = _recv_blocking(sock)
         except (EOFError, OSError):
             break
-        if message[0] == "generate":
-            _, request_id, input_ids, params, grammar = message
-            try:
+        if message[0] == "close":
+            break
+        _, request_id, input_ids, params, grammar = message
+        aborted.intersection_update((request_id,))  # requests run one at a time: any other id is over
+        stream = _Stream(request_id, send, engine.chunk_interval(params), aborted, engine.stop)
+        try:
+            if request_id in aborted:  # aborted before it started
+                stream.put(TokenChunk([], "abort"))
+            else:
                 if grammar is not None:
                     params = replace(params, constraint=constraint(engine.info.tokenizer, *grammar))
-                stream = _Stream(request_id, send, engine.chunk_interval(params))
-                done = engine.submit(request_id, input_ids, params, stream.put)
-                done.add_done_callback(lambda _, stream=stream: stream.finish(engine.stats()))
-            except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
-                send(("error", request_id, _sendable(exc), engine.stats()))
-        elif message[0] == "abort":
-            engine.stop(message[1])
-        elif message[0] == "close":
-            break
+                engine.run(request_id, input_ids, params, stream.put)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
+            stream.put(exc)
+        stream.finish(engine.stats())
     asyncio.run(engine.close())
+
+
+def _control(engine, control: socket.socket, aborted: set[str]) -> None:
+    """The control socket's reader: an abort stops the running request within a step."""
+    while True:
+        try:
+            message = _recv_blocking(control)
+        except (EOFError, OSError):
+            return
+        if message[0] == "abort":
+            aborted.add(message[1])
+            engine.stop(message[1])  # a no-op until the request runs: its first chunk stops it then
+        else:  # close: end what runs, so that the request socket's close is read soon
+            if (running := engine.stats()["running"]) is not None:
+                engine.stop(running)
+            return
 
 
 def _sendable(exc: BaseException) -> BaseException:
@@ -280,8 +311,8 @@ def _sendable(exc: BaseException) -> BaseException:
 
 
 def main(argv: list[str]) -> int:
-    sock = socket.socket(fileno=int(argv[0]))
-    args = json.loads(argv[1])
+    sock, control = socket.socket(fileno=int(argv[0])), socket.socket(fileno=int(argv[1]))
+    args = json.loads(argv[2])
     # The daemon decides when the engine stops (Ctrl+C reaches the whole process group); if the
     # daemon dies, so does the child (Linux: PR_SET_PDEATHSIG), instead of holding the GPU.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -295,7 +326,7 @@ def main(argv: list[str]) -> int:
         sock.sendall(_pack(("failed", f"{type(exc).__name__}: {exc}")))
         return 1
     sock.sendall(_pack(("ready", engine.info, engine.stats())))
-    _serve(engine, sock)
+    _serve(engine, sock, control)
     return 0
 
 
