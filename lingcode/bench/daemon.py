@@ -94,6 +94,7 @@ class Sample:
     trace: dict = field(default_factory=dict)
     engine_decode_ms: float | None = None  # the engine's own decode time for this request
     client: str = ""  # the daemon's and the floor's: "httpx" | "aiohttp"
+    engine_steps: int | None = None  # the engine's decode steps (with drafts: fewer than tokens)
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -368,20 +369,23 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                 if side == "direct":
                                     if engine is not None:
                                         ttft, tpot, ids = await direct_local(engine, input_ids, args.max_tokens)
-                                        decode_ms = engine.stats()["last_request"].get("decode_ms")
+                                        last = engine.stats()["last_request"]
+                                        decode_ms, steps = last.get("decode_ms"), last.get("decode_steps")
                                     else:
                                         ttft, tpot, ids = await direct_sglang(direct_client, input_ids, args.max_tokens,
                                                                               info.eos_token_ids, info.context_length,
                                                                               args.sglang_stream == "incremental")  # fmt: skip
-                                        decode_ms = None
+                                        decode_ms = steps = None
                                     sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
-                                                    info.tokenizer.decode(ids), engine_decode_ms=decode_ms)  # fmt: skip
+                                                    info.tokenizer.decode(ids), engine_decode_ms=decode_ms,
+                                                    engine_steps=steps)  # fmt: skip
                                 else:
                                     ttft, tpot, n, text, trace = await through_daemon(clients[side], messages, args.max_tokens)
                                     stats = (await stats_client.get("/v1/lingcode/stats")).json()["engine"]
-                                    decode_ms = stats.get("last_request", {}).get("decode_ms")
+                                    last = stats.get("last_request", {})
                                     sample = Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
-                                                    decode_ms, client=side)  # fmt: skip
+                                                    last.get("decode_ms"), client=side,
+                                                    engine_steps=last.get("decode_steps"))  # fmt: skip
                                 if i > 0:
                                     samples.append(sample)
                                 print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
