@@ -44,6 +44,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from lingcode.bench import source_commit, write_result
@@ -179,15 +180,9 @@ async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
 
 
 def _clients(base_url: str, headers: dict) -> dict:
-    """The daemon's readers, by name: httpx and aiohttp (where installed: the dev extra), each with
-    one kept-alive connection."""
-    clients = {"httpx": httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600)}
-    try:
-        import aiohttp
-    except ImportError:
-        return clients
-    clients["aiohttp"] = aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600))
-    return clients
+    """The daemon's readers, by name: httpx and aiohttp, each with one kept-alive connection."""
+    return {"httpx": httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600),
+            "aiohttp": aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600))}  # fmt: skip
 
 
 async def _close(clients: dict) -> None:

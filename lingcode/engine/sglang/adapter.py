@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import AsyncIterator, Callable
 
-import httpx
+import aiohttp
 
 from lingcode.engine import (
     ContextOverflow,
@@ -139,17 +139,21 @@ class StreamDecoder:
                           meta.get("spec_accept_length"))  # fmt: skip
 
 
-async def _http_error(response: httpx.Response) -> EngineError | ContextOverflow:
-    body = (await response.aread()).decode("utf-8", "replace")
+async def _http_error(response: aiohttp.ClientResponse) -> EngineError | ContextOverflow:
+    body = (await response.read()).decode("utf-8", "replace")
     try:
         data = json.loads(body)
         error = data.get("error", data.get("message", data.get("detail", body)))
         message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
     except (ValueError, AttributeError):
-        message = body.strip() or response.reason_phrase
-    if response.status_code in (401, 403):
-        return EngineError(f"SGLang refused lingcode's API key ({response.status_code}): check [sglang] api_key")
-    return _error(response.status_code, f"{response.status_code} {message}")
+        message = body.strip() or response.reason or ""
+    if response.status in (401, 403):
+        return EngineError(f"SGLang refused lingcode's API key ({response.status}): check [sglang] api_key")
+    return _error(response.status, f"{response.status} {message}")
+
+
+# What a request to SGLang raises when the server is not there (or went away mid-stream).
+TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class SGLangEngine:
@@ -165,11 +169,8 @@ class SGLangEngine:
         self._availability = availability
         self._status = status
         self._on_close = on_close
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # No read timeout worth the name: a long prefill sends nothing for a while. A dead server
-        # breaks the connection instead, and the supervisor restarts it.
-        timeout = httpx.Timeout(connect=10.0, read=600.0, write=30.0, pool=10.0)
-        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._session: aiohttp.ClientSession | None = None  # made on the event loop, by the first request
         self._rids: dict[str, str] = {}  # lingcode request id -> SGLang rid
         self._counters = dict.fromkeys(
             ("requests", "finished", "aborted", "errors", "unavailable", "prompt_tokens", "cached_tokens",
@@ -197,10 +198,10 @@ class SGLangEngine:
         self._counters["requests"] += 1
         started, first_at, finish, failed = time.perf_counter(), None, None, False
         try:
-            async with self._client.stream("POST", "/generate", json=body) as response:
-                if response.status_code != 200:
+            async with self._http().post(f"{self.url}/generate", json=body) as response:
+                if response.status != 200:
                     raise await _http_error(response)
-                async for data in response.aiter_raw():
+                async for data in response.content.iter_any():
                     chunk = decoder.feed_bytes(data)
                     if chunk is None:
                         if decoder.done:
@@ -214,7 +215,7 @@ class SGLangEngine:
                         break
             if finish is None:
                 raise EngineError("SGLang ended the stream without a finish reason")
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             failed = True
             self._counters["unavailable"] += 1
             raise EngineUnavailable(self._availability() or
@@ -236,9 +237,21 @@ class SGLangEngine:
 
     async def _abort_rid(self, rid: str) -> None:
         try:
-            await self._client.post("/abort_request", json={"rid": rid}, timeout=ABORT_TIMEOUT_S)
-        except httpx.HTTPError:
+            async with self._http().post(f"{self.url}/abort_request", json={"rid": rid},
+                                         timeout=aiohttp.ClientTimeout(total=ABORT_TIMEOUT_S)):  # fmt: skip
+                pass
+        except TRANSPORT_ERRORS:
             pass  # SGLang is gone or restarting: nothing left to abort
+
+    def _http(self) -> aiohttp.ClientSession:
+        """The connection pool to SGLang. aiohttp, not httpx: per request httpx costs 1.2-2 ms of
+        the event loop's CPU before the first token (bench/results/daemon-h200-2026-12-02/)."""
+        if self._session is None:
+            # No read timeout worth the name: a long prefill sends nothing for a while. A dead server
+            # breaks the connection instead, and the supervisor restarts it.
+            timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=600.0)
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=timeout)
+        return self._session
 
     def _record(self, rid: str, decoder: StreamDecoder, finish: str | None, failed: bool, started: float,
                 first_at: float | None) -> None:  # fmt: skip
@@ -262,6 +275,7 @@ class SGLangEngine:
                 "server": self._status()}  # fmt: skip
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
         if self._on_close is not None:
             await asyncio.to_thread(self._on_close)  # stopping SGLang takes seconds
