@@ -26,9 +26,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-import httpx
 
-from lingcode.client import CONNECTION_ERRORS, DaemonError, DaemonLink, ErrorResponse
+from lingcode.client import DaemonError, DaemonGone, DaemonLink, ErrorResponse
 
 ROUTE = "/v1/lingcode/complete"
 log = logging.getLogger("lingcode.lsp")
@@ -145,10 +144,10 @@ class Completer:
                 raise
             self.stats.superseded += 1  # a newer request for this document cancelled ours
             return None
-        except (DaemonError, ErrorResponse, httpx.HTTPError) as exc:
+        except (DaemonError, ErrorResponse) as exc:
             self.stats.errors += 1
             self.log(f"lingcode: completion failed: {exc}")
-            if isinstance(exc, CONNECTION_ERRORS):
+            if isinstance(exc, DaemonGone):
                 self.link.mark_down()  # the daemon went away: the next request finds or starts one
             return None
         except Exception as exc:  # a bug: the editor gets no suggestion and a log line, not a traceback

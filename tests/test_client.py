@@ -61,6 +61,26 @@ async def test_closing_a_stream_aborts_it_in_the_engine(home):
         await api.aclose()
 
 
+async def test_a_daemon_that_does_not_answer_is_daemon_gone(daemon):
+    """No server on the port: every kind of call raises DaemonGone (a front end then finds the
+    daemon again), never a transport library's own exception."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nothing listens there
+    api = client.Client(client.Daemon(f"http://127.0.0.1:{port}", daemon.token, 0, "", ""))
+    try:
+        with pytest.raises(client.DaemonGone):
+            await api.get("/v1/models")
+        with pytest.raises(client.DaemonGone):
+            await api.post("/v1/chat/completions", {"messages": []})
+        with pytest.raises(client.DaemonGone):
+            [e async for e in api.stream("/v1/chat/completions", {"messages": []})]
+    finally:
+        await api.aclose()
+
+
 def test_starts_a_daemon_when_none_runs(monkeypatch, tmp_path, model_path):
     monkeypatch.setenv("LINGCODE_HOME", str(share_built_caches(tmp_path)))
     assert client.read_daemon_file() is None

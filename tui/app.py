@@ -15,7 +15,6 @@ import logging
 from contextlib import aclosing
 from pathlib import Path
 
-import httpx
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -285,7 +284,7 @@ class ChatApp(CommandActions, App):
             await self.failed(message_id, view, text, e.message)
             await self.explain(e)
             return None
-        except httpx.HTTPError as e:
+        except DaemonError as e:
             log.warning("stream failed: %r", e)
             await self.failed(message_id, view, text, f"lost the daemon ({type(e).__name__}); retrying")
             self.daemon_trouble(retry=True)

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import httpx
 from markdown_it import MarkdownIt
 from textual.app import SystemCommand
 
 from lingcode import models
-from lingcode.client import ErrorResponse
+from lingcode.client import DaemonError, ErrorResponse
 from lingcode.tui.store.export import export_session
 from lingcode.tui.widgets.sessions import SessionsScreen
 from lingcode.tui.widgets.stats import answer_line
@@ -170,7 +169,7 @@ class CommandActions:
                 for part, counters in daemon.items():
                     for key, value in (counters or {}).items():
                         lines.append(f"| {part}.{key} | {value} |")
-            except (ErrorResponse, httpx.HTTPError) as e:
+            except (ErrorResponse, DaemonError) as e:
                 lines += ["", f"(the daemon's counters are unavailable: {e})"]
         await self.note("\n".join(lines))
 

@@ -44,7 +44,7 @@ async def run_session(client: Client, turns: int, max_tokens: int) -> list[dict]
         rows.append(_row(turn, reply))
         call_id = (reply["choices"][0]["message"].get("tool_calls") or [{"id": "call_0"}])[0]["id"]
         new = [{"role": "tool", "tool_call_id": call_id, "content": tool_result(turn)}]
-    await client.http.delete(f"/v1/sessions/{session['id']}")
+    await client.delete(f"/v1/sessions/{session['id']}")
     return rows
 
 
