@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_daemon = benches.add_parser(
         "daemon", help="what the daemon adds to the engine: per-token ratio, added TTFT, where the time goes",
-        description="The same requests to the engine directly and through a running daemon (SSE, read by httpx), "
+        description="The same requests to the engine directly and through a running daemon (SSE, read by httpx and by aiohttp), "
                     "alternating; with --engine sglang, the SGLang adapter against a stand-in at --step-ms per token.",
     )  # fmt: skip
     add_daemon_arguments(bench_daemon)
