@@ -262,11 +262,7 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
     def send(message: tuple) -> None:
         sock.sendall(_pack(message))
 
-    while True:
-        try:
-            message = _recv_blocking(sock)
-        except (EOFError, OSError):
-            break
+    for message in _messages(sock):
         if message[0] == "close":
             break
         _, request_id, input_ids, params, grammar = message
@@ -287,17 +283,22 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
 
 def _control(engine, control: socket.socket, aborted: set[str]) -> None:
     """The control socket's reader: an abort stops the running request within a step."""
-    while True:
-        try:
-            message = _recv_blocking(control)
-        except (EOFError, OSError):
-            return
+    for message in _messages(control):
         if message[0] == "abort":
             aborted.add(message[1])
             engine.stop(message[1])  # a no-op until the request runs: its first chunk stops it then
         else:  # close: end what runs, so that the request socket's close is read soon
             if (running := engine.stats()["running"]) is not None:
                 engine.stop(running)
+            return
+
+
+def _messages(sock: socket.socket):
+    """The daemon's messages on one socket, until it closes its end."""
+    while True:
+        try:
+            yield _recv_blocking(sock)
+        except (EOFError, OSError):
             return
 
 
