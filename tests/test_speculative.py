@@ -151,6 +151,35 @@ def test_ngram_drafter_copies_from_the_last_requests_outputs():
     assert drafter.propose(3) == ([], None)
 
 
+def test_ngram_drafter_indexes_an_output_when_its_request_ends_not_when_the_next_starts():
+    """finish() remembers the output at once (the engine calls it after the last chunk), so the
+    next request's start() has no output to index before its first token."""
+    drafter = NGramDrafter(max_n=3, min_n=2)
+    drafter.start([1, 2, 3])
+    drafter.extend([40, 41, 42, 43, 44])
+    drafter.finish()
+    assert [output for output, _ in drafter.recent] == [[40, 41, 42, 43, 44]]
+    drafter.start([1, 2, 3, 9, 40, 41])
+    assert len(drafter.recent) == 1  # start() remembered nothing more
+    assert drafter.propose(3) == ([42, 43, 44], None)
+
+
+def test_the_engine_finishes_its_drafter_after_each_request(model_path):
+    from lingcode.engine.local import load_engine
+
+    engine = load_engine(model_path, device="cpu", speculation="ngram")
+    try:
+        ids = engine.info.tokenizer.encode("def add(a, b):\n    return")
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        engine.submit("r1", ids, params, lambda _: None).result()
+        assert engine._ngram._prompt_len is None  # finished
+        assert len(engine._ngram.recent) == 1  # its output, indexed before any next request
+    finally:
+        import asyncio
+
+        asyncio.run(engine.close())
+
+
 def test_greedy_verify_keeps_the_matching_prefix_then_the_targets_token():
     logits = torch.full((4, 10), -5.0)
     for row, best in enumerate([3, 4, 9, 1]):

@@ -265,6 +265,8 @@ class LocalEngine:
         else:
             finish = self._decode_loop(run, self._first_tokens(run, logits, tail))
         self._account(run, finish, (time.perf_counter() - t0) * 1e3)
+        if run.drafter is not None:  # the last chunk is out: the drafter's bookkeeping waits no one
+            run.drafter.finish()
 
     def _prefill(self, run: _Run) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
         """Feed the prompt past the cached prefix, chunk by chunk, checking for an abort between
