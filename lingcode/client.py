@@ -133,10 +133,10 @@ class DaemonGone(DaemonError):
 
 
 class Client:
-    """Async HTTP calls to one daemon, on aiohttp: against a server that answers at once, a request
-    costs httpx 1.2-2 ms of CPU and aiohttp 0.3-0.8 ms (bench/results/daemon-h200-2026-12-02/),
-    which an editor pays on every keystroke that asks. Streams yield the SSE events' JSON objects.
-    A request that gets no answer raises DaemonGone; an error answer, ErrorResponse."""
+    """Async HTTP calls to one daemon, on aiohttp: it costs a request a fraction of httpx's CPU time,
+    which an editor pays on every keystroke that asks (docs/engine-notes.md). Streams yield the SSE
+    events' JSON objects. A request that gets no answer raises DaemonGone; an error answer,
+    ErrorResponse."""
 
     def __init__(self, daemon: Daemon, timeout: float = 600.0):
         self.daemon = daemon

@@ -43,7 +43,7 @@ SWITCH_INTERVAL_MS = 0.05  # see serve(); Python's default is 5 ms
 
 def _engine_in_own_process(device: str) -> bool:
     """The GPU engine runs in a process of its own: its Python between two GPU steps then never
-    waits for the event loop's GIL (drafting ran 1.11-1.14x slower beside the loop; docs/engine-notes.md).
+    waits for the event loop's GIL, which slowed drafting beside the loop (docs/engine-notes.md).
     The CPU step computes without the GIL, and there the hop would only delay the first token.
     LINGCODE_ENGINE_PROCESS=1 or 0 decides instead (lingcode bench daemon compares the two)."""
     chosen = os.environ.get("LINGCODE_ENGINE_PROCESS", "")

@@ -99,7 +99,7 @@ class NGramDrafter:
 
     def finish(self) -> None:
         """Index the request's output for later requests now, while the engine waits for the next
-        one, not in that one's start(), before its first token (~1 ms for 512 tokens on 2 cores)."""
+        one, not in that one's start(), before its first token."""
         if self._prompt_len is not None and len(self.tokens) > self._prompt_len + 1:
             self._remember(self.tokens[self._prompt_len :])
         self._prompt_len = None

@@ -244,8 +244,8 @@ class SGLangEngine:
             pass  # SGLang is gone or restarting: nothing left to abort
 
     def _http(self) -> aiohttp.ClientSession:
-        """The connection pool to SGLang. aiohttp, not httpx: per request httpx costs 1.2-2 ms of
-        the event loop's CPU before the first token (bench/results/daemon-h200-2026-12-02/)."""
+        """The connection pool to SGLang. aiohttp, not httpx: httpx's own work per request, on the
+        event loop before the first token, is several times aiohttp's (docs/engine-notes.md)."""
         if self._session is None:
             # No read timeout worth the name: a long prefill sends nothing for a while. A dead server
             # breaks the connection instead, and the supervisor restarts it.
