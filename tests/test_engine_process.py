@@ -135,3 +135,14 @@ def test_an_abort_that_comes_before_its_request_started_is_kept(model_path):
     assert long_chunks[-1].finish_reason == "abort"
     assert [(c.token_ids, c.finish_reason) for c in late_chunks] == [([], "abort")]
     assert stats["requests"] == 1 and stats["aborted"] == 1  # "late" never reached the engine
+
+
+def test_a_gpu_engine_gets_a_process_of_its_own_a_cpu_engine_does_not(monkeypatch):
+    from lingcode.server.daemon import _engine_in_own_process
+
+    monkeypatch.delenv("LINGCODE_ENGINE_PROCESS", raising=False)
+    assert _engine_in_own_process("cpu") is False
+    monkeypatch.setenv("LINGCODE_ENGINE_PROCESS", "1")
+    assert _engine_in_own_process("cpu") is True
+    monkeypatch.setenv("LINGCODE_ENGINE_PROCESS", "0")
+    assert _engine_in_own_process("cuda") is False
