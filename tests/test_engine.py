@@ -110,6 +110,20 @@ async def test_prefix_reuse_prefills_only_new_tokens(engine):
     assert after["prefilled_tokens"] - before["prefilled_tokens"] == len(follow) - last.usage.cached_tokens
 
 
+async def test_the_engine_times_its_own_first_chunk(engine):
+    """last_request.first_chunk_ms: from when the engine took the request to its first chunk, after
+    the prefill and before the caller has the chunk (lingcode bench daemon splits the first token so)."""
+    import time
+
+    ids = chat_ids(engine, "Name a prime number.")
+    started = time.perf_counter()
+    first = None
+    async for chunk in engine.generate("first-chunk", ids, SamplingParams(max_tokens=6, **GREEDY)):
+        first = first or (time.perf_counter() - started) * 1e3
+    last = engine.stats()["last_request"]
+    assert last["prefill_ms"] <= last["first_chunk_ms"] <= first
+
+
 async def test_abort_frees_the_engine_within_a_step(engine):
     scheduler = Scheduler(engine)
     ids = chat_ids(engine, "Write a long essay about the history of computing.")

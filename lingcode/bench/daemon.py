@@ -96,6 +96,7 @@ class Sample:
     engine_decode_ms: float | None = None  # the engine's own decode time for this request
     client: str = ""  # the daemon's and the floor's: "httpx" | "aiohttp"
     engine_steps: int | None = None  # the engine's decode steps (with drafts: fewer than tokens)
+    engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -365,22 +366,23 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                     if engine is not None:
                                         ttft, tpot, ids = await direct_local(engine, input_ids, args.max_tokens)
                                         last = engine.stats()["last_request"]
-                                        decode_ms, steps = last.get("decode_ms"), last.get("decode_steps")
                                     else:
                                         ttft, tpot, ids = await direct_sglang(direct_client, input_ids, args.max_tokens,
                                                                               info.eos_token_ids, info.context_length,
                                                                               args.sglang_stream == "incremental")  # fmt: skip
-                                        decode_ms = steps = None
+                                        last = {}
                                     sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
-                                                    info.tokenizer.decode(ids), engine_decode_ms=decode_ms,
-                                                    engine_steps=steps)  # fmt: skip
+                                                    info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
+                                                    engine_steps=last.get("decode_steps"),
+                                                    engine_first_ms=last.get("first_chunk_ms"))  # fmt: skip
                                 else:
                                     ttft, tpot, n, text, trace = await through_daemon(clients[side], messages, args.max_tokens)
                                     stats = (await stats_client.get("/v1/lingcode/stats")).json()["engine"]
                                     last = stats.get("last_request", {})
                                     sample = Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
                                                     last.get("decode_ms"), client=side,
-                                                    engine_steps=last.get("decode_steps"))  # fmt: skip
+                                                    engine_steps=last.get("decode_steps"),
+                                                    engine_first_ms=last.get("first_chunk_ms"))  # fmt: skip
                                 if i > 0:
                                     samples.append(sample)
                                 print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
@@ -444,6 +446,12 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         "ttft_added_ms": added, "client_floor_ms": floor,
         "ttft_added_less_floor_ms": added - floor if added is not None and floor is not None else None,
         "engine_decode_ratio": decode_daemon / decode_direct if decode_direct and decode_daemon else None,
+        # the engine's own time to its first chunk, from when it took the request: what of the added
+        # first-token time is the engine's (a slower first step) and what the way to and from it
+        "engine_first_direct_ms": _median(s.engine_first_ms for s in direct if s.cached),
+        "engine_first_daemon_ms": _median(s.engine_first_ms for s in daemon if s.cached),
+        "engine_first_hop_ms": _median(s.trace["engine_first_chunk"] - s.engine_first_ms for s in daemon
+                                       if s.cached and s.engine_first_ms is not None and "engine_first_chunk" in s.trace),
         "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
         "trace_cached_ms": trace,
     }  # fmt: skip
@@ -458,18 +466,22 @@ def markdown(report: dict) -> str:
              f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}", "",
              "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
-             "engine decode, daemon/direct | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | same text |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
                      f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
                      f"{_fmt(r.get('tpot_ratio_paired'))} | {_fmt(r['ttft_cached_direct_ms'], 2)} | "
                      f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
                      f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
-                     f"{_fmt(r['engine_decode_ratio'])} | {r['same_text']} |")  # fmt: skip
+                     f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
+                     f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
+                     f"{r['same_text']} |")  # fmt: skip
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
               "direct request of its round. The client floor is the same client and request against a server that "
-              "answers at once (the HTTP client's own cost, which no server can remove).", "",
+              "answers at once (the HTTP client's own cost, which no server can remove). The engine's first chunk: "
+              "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
+              "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets).", "",
               "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians; `until_*` from "
               "the request's arrival, the rest summed over the request):", ""]  # fmt: skip
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})

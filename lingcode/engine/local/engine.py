@@ -51,6 +51,7 @@ class _Request:
     emit: callable
     aborted: threading.Event = field(default_factory=threading.Event)
     steps_after_abort: int = 0
+    admitted: float = field(default_factory=time.perf_counter)  # when the engine took it (submit, run)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class _Run:
     accepted: int = 0
     from_prefill: int = 1  # the first token came from the prefill's logits, not from a counted step
     prefill_ms: float = 0.0
+    first_chunk_ms: float | None = None  # from admission to the first chunk handed to emit
 
 
 class LocalEngine:
@@ -254,6 +256,7 @@ class LocalEngine:
         run = _Run(req, cached, max_new=min(params.max_tokens, self.info.context_length - len(ids)),
                    stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.info.eos_token_ids)),
                    generator=generator, drafter=self._drafter(params))  # fmt: skip
+        _time_first_chunk(run)
         if run.drafter is not None:
             run.drafter.start(ids)
         t0 = time.perf_counter()
@@ -366,6 +369,7 @@ class LocalEngine:
             "decode_ms": round(total_ms - run.prefill_ms, 3), "decode_steps": steps,
             "draft_tokens": run.drafted, "accepted_draft_tokens": run.accepted,
             "accept_length": round((generated - 1) / steps, 3) if steps else None,
+            "first_chunk_ms": None if run.first_chunk_ms is None else round(run.first_chunk_ms, 3),
         }  # fmt: skip
 
     def _pipelined_loop(self, run: _Run, logits: torch.Tensor) -> str:
@@ -448,6 +452,21 @@ class LocalEngine:
             self._cached_ids = list(saved[:shared])
             return shared
         return live
+
+
+def _time_first_chunk(run: _Run) -> None:
+    """Time the request's first chunk from its admission: the engine's own share of the first token
+    (the daemon's trace has the rest). emit is wrapped for that one call only, so the decode loops
+    call it as they always do."""
+    req = run.req
+    emit = req.emit
+
+    def first(chunk) -> None:
+        run.first_chunk_ms = (time.perf_counter() - req.admitted) * 1e3
+        req.emit = emit
+        emit(chunk)
+
+    req.emit = first
 
 
 def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, kernels: str = "torch") -> Transformer:
