@@ -9,9 +9,11 @@ budget, dropping the least recently used, and a prefix that a newer one extends.
 from __future__ import annotations
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lingcode.engine import SamplingParams
-from lingcode.engine.local.kv_store import PrefixStore
+from lingcode.engine.local.kv_store import PrefixStore, common_prefix
 from lingcode.engine.local.model import KVCache
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
@@ -121,3 +123,14 @@ def test_store_is_bounded_lru_and_restores_exact_values():
     assert torch.equal(layers[0].k[:, :, :100], saved_k)
     store.save(a + [7, 8, 9] * 20, layers)  # extends a: a is redundant now
     assert store.stats()["entries"] == 1 and len(store.best_match(a)[0]) == 160
+
+
+@given(st.lists(st.integers(0, 3), max_size=400), st.integers(0, 400), st.lists(st.integers(0, 3), max_size=80),
+       st.booleans())  # fmt: skip
+def test_common_prefix_counts_the_shared_start_of_lists_and_tuples(a, keep, tail, as_tuple):
+    b = a[:keep] + tail
+    shared = 0
+    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
+        shared += 1
+    assert common_prefix(tuple(a) if as_tuple else a, b) == shared
+    assert common_prefix(b, tuple(a) if as_tuple else a) == shared

@@ -122,22 +122,31 @@ def test_ngram_drafter_copies_what_followed_the_latest_match():
 
 
 def test_ngram_drafter_started_again_indexes_as_a_fresh_one():
-    """start() winds the index back to the prefix it shares with the last sequence: whatever came
-    before, the drafter then proposes what a new drafter started on the same tokens proposes."""
+    """start() winds the index back to the prefix it shares with the last sequence (from the copy
+    finish() wound back to the prompt, or from the index as it is): whatever came before, the
+    drafter then proposes what a new drafter started on the same tokens proposes."""
     rng = random.Random(0)
     reused = NGramDrafter()
     base = [rng.randrange(6) for _ in range(300)]
-    for _ in range(60):
+    from_copy = 0
+    for _ in range(120):
         cut = rng.randrange(len(base) + 1)
         tokens = base[:cut] + [rng.randrange(6) for _ in range(rng.randrange(12))]
+        from_copy += reused._at_prompt is not None and cut <= len(reused._at_prompt[0])
         reused.start(tokens)
-        reused.extend([rng.randrange(6) for _ in range(rng.randrange(5))])  # generated tokens
+        # generated tokens: some outputs long enough for finish() to wind a copy back
+        reused.extend([rng.randrange(6) for _ in range(rng.choice([rng.randrange(5), rng.randrange(30, 80)]))])
+        if rng.random() < 0.7:
+            reused.finish()
         fresh = NGramDrafter()
         fresh.start(reused.tokens)
         assert reused.index == fresh.index
         fresh.recent = reused.recent  # the earlier outputs are the reused drafter's own
         assert reused.propose(4) == fresh.propose(4)
-        base = tokens if rng.random() < 0.8 else base
+        # the next prompt: extends the output (a conversation's next turn), or shares this one's start
+        r = rng.random()
+        base = reused.tokens[:] if r < 0.3 else tokens if r < 0.85 else base
+    assert from_copy > 10  # the copy finish() wound back was used
 
 
 def test_ngram_drafter_copies_from_the_last_requests_outputs():
@@ -174,6 +183,11 @@ def test_the_engine_finishes_its_drafter_after_each_request(model_path):
         engine.submit("r1", ids, params, lambda _: None).result()
         assert engine._ngram._prompt_len is None  # finished
         assert len(engine._ngram.recent) == 1  # its output, indexed before any next request
+        # run() (the engine's own process) leaves it to the caller's tidy(), after the last chunk went out
+        engine.run("r2", ids + [11], params, lambda _: None)
+        assert engine._ngram._prompt_len is not None and len(engine._ngram.recent) == 1
+        engine.tidy()
+        assert engine._ngram._prompt_len is None and len(engine._ngram.recent) == 2
     finally:
         import asyncio
 

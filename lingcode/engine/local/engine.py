@@ -121,6 +121,7 @@ class LocalEngine:
         )  # fmt: skip
         self._last: dict = {}
         self._running: str | None = None
+        self._tidy = None  # tidy()'s work, once the last chunk is passed on
         self._ngram = NGramDrafter()  # used by one request at a time: the worker thread's
 
     def set_speculation(self, speculation: str) -> None:
@@ -158,18 +159,26 @@ class LocalEngine:
         the exception that ends it). generate() hands them to the event loop; the engine's own
         process (lingcode.engine.local.process) writes them to its socket."""
         req = self._admit(request_id, input_ids, params, emit)
-        done = self._worker.submit(self._run, req)
+        done = self._worker.submit(self._run_and_tidy, req)
         done.add_done_callback(lambda _: self._requests.pop(request_id, None))
         return done
 
     def run(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> None:
         """submit()'s work in the calling thread, to the end (the engine's own process runs requests
-        on the thread that reads them: no hand-over to the worker, one thread wake-up less)."""
+        on the thread that reads them: no hand-over to the worker, one thread wake-up less). The
+        caller calls tidy() once it has passed the last chunk on."""
         req = self._admit(request_id, input_ids, params, emit)
         try:
             self._run(req)
         finally:
             self._requests.pop(request_id, None)
+
+    def tidy(self) -> None:
+        """The last request's bookkeeping that need not delay its last chunk nor the next request's
+        first: the drafter's (it indexes the output, and readies the prompt's index for a retry)."""
+        if self._tidy is not None:
+            self._tidy, tidy = None, self._tidy
+            tidy()
 
     def _admit(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> _Request:
         if not input_ids:
@@ -202,6 +211,10 @@ class LocalEngine:
         self._worker.shutdown(wait=True)
 
     # --- the worker thread --------------------------------------------------------------------
+
+    def _run_and_tidy(self, req: _Request) -> None:
+        self._run(req)
+        self.tidy()  # the last chunk is with the event loop already
 
     def _run(self, req: _Request) -> None:
         self._running = req.request_id
@@ -268,8 +281,8 @@ class LocalEngine:
         else:
             finish = self._decode_loop(run, self._first_tokens(run, logits, tail))
         self._account(run, finish, (time.perf_counter() - t0) * 1e3)
-        if run.drafter is not None:  # the last chunk is out: the drafter's bookkeeping waits no one
-            run.drafter.finish()
+        if run.drafter is not None:
+            self._tidy = run.drafter.finish
 
     def _prefill(self, run: _Run) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
         """Feed the prompt past the cached prefix, chunk by chunk, checking for an abort between

@@ -22,11 +22,26 @@ MIN_SAVE_TOKENS = 32  # a shorter prefix is cheaper to prefill again than to kee
 
 
 def common_prefix(a, b) -> int:
+    """How many leading items two token sequences (lists or tuples) share.
+
+    On every request's way to its first token (the live cache, each saved prefix, the drafter), so
+    slices are compared in C, halving the span that differs; a loop in Python over a long prompt
+    costs about 60 ns a token."""
+    if type(a) is not type(b):
+        a = type(b)(a)
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 class PrefixStore:
@@ -57,8 +72,10 @@ class PrefixStore:
         does not fit without it, the new entry is not saved.
         """
         key, n = tuple(ids), len(ids)
-        size = sum(c.k[:, :, :n].nbytes + c.v[:, :, :n].nbytes for c in caches)
-        if key in self._entries or size > self.max_bytes - self._bytes.get(keep, 0):
+        if key in self._entries:  # checked first: a prompt asked again after a long answer lands here each time
+            return
+        size = n * sum((c.k.nbytes + c.v.nbytes) // c.k.shape[2] for c in caches)  # [1, KV, positions, D]
+        if size > self.max_bytes - self._bytes.get(keep, 0):
             return
         for old in [k for k in self._entries if len(k) < n and key[: len(k)] == k and k != keep]:
             self._drop(old)  # this one extends it

@@ -278,6 +278,7 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
             stream.put(exc)
         stream.finish(engine.stats())
+        engine.tidy()  # after the last chunk went out, while the daemon answers
     asyncio.run(engine.close())
 
 

@@ -44,6 +44,9 @@ class Drafter(Protocol):
 
 
 RECENT_OUTPUTS = 4  # earlier requests' outputs the n-gram drafter also copies from
+# From this many output tokens, finish() also keeps the index wound back to the prompt: winding
+# back costs ~2-4 us a token, before the first token of a next request that leaves the output.
+WIND_BACK_AHEAD = 32
 
 
 class NGramDrafter:
@@ -60,6 +63,9 @@ class NGramDrafter:
     sequence shares with the last one and indexes only the rest, so a keystroke's completion (the
     same ~1000-token prompt plus a character) does not index the whole prompt again. Every key set
     records the value it replaced, so the index can be wound back to any shorter sequence exactly.
+    After a long output, finish() also winds a copy back to the prompt, between requests: a next
+    request that leaves the output (a keystroke, a retry) starts from that copy, one that extends
+    it (a conversation's next turn) from the index as it is.
     """
 
     def __init__(self, max_n: int = 4, min_n: int = 2):
@@ -70,6 +76,7 @@ class NGramDrafter:
         # (output, its n-grams -> end of their latest occurrence) for the last few requests
         self.recent: deque[tuple[list[int], dict[tuple[int, ...], int]]] = deque(maxlen=RECENT_OUTPUTS)
         self._prompt_len: int | None = None  # tokens[_prompt_len:] is the running request's output
+        self._at_prompt: tuple[list, dict, list] | None = None  # (tokens, index, _replaced) at the last prompt's end
         # Whether propose() copies from recent outputs. Only where drafts cannot change the output
         # (greedy decoding): with sampling, the drafts verified decide which random numbers are
         # drawn, and a seeded request must give the same text whatever came before it.
@@ -79,6 +86,9 @@ class NGramDrafter:
         self.finish()  # where the last request did not (it failed)
         self._prompt_len = len(tokens)
         keep = common_prefix(self.tokens, tokens)
+        at_prompt, self._at_prompt = self._at_prompt, None
+        if at_prompt is not None and keep <= len(at_prompt[0]):  # it leaves the last output behind
+            self.tokens, self.index, self._replaced = at_prompt
         if keep < len(self.tokens) - keep:  # less to keep than to wind back: index anew
             self.tokens, self.index, self._replaced = [], {}, []
         else:
@@ -98,21 +108,20 @@ class NGramDrafter:
             self._replaced.append(replaced)
 
     def finish(self) -> None:
-        """Index the request's output for later requests now, while the engine waits for the next
-        one, not in that one's start(), before its first token."""
-        if self._prompt_len is not None and len(self.tokens) > self._prompt_len + 1:
-            self._remember(self.tokens[self._prompt_len :])
-        self._prompt_len = None
+        """Work for between requests, not for the next one's start(), before its first token: index
+        the output for later requests, and (after a long one) wind a copy of the index back to the prompt."""
+        prompt_len, self._prompt_len = self._prompt_len, None
+        if prompt_len is None:
+            return
+        if len(self.tokens) > prompt_len + 1:
+            self._remember(self.tokens[prompt_len:])
+        if len(self.tokens) - prompt_len >= WIND_BACK_AHEAD:
+            self._at_prompt = (self.tokens[:], dict(self.index), self._replaced[:])
+            _wind_back(*self._at_prompt, prompt_len)
 
     def _truncate(self, length: int) -> None:
         """Forget the tokens after the first `length`: the index is as if they were never added."""
-        while len(self.tokens) > length:
-            self.tokens.pop()
-            for key, old in reversed(self._replaced.pop()):
-                if old is None:
-                    del self.index[key]
-                else:
-                    self.index[key] = old
+        _wind_back(self.tokens, self.index, self._replaced, length)
 
     def _remember(self, output: list[int]) -> None:
         if self.recent and self.recent[-1][0] == output:
@@ -141,6 +150,17 @@ class NGramDrafter:
             if end is not None:
                 return seq[end : end + k], None
         return [], None
+
+
+def _wind_back(tokens: list[int], index: dict, replaced: list, length: int) -> None:
+    """Undo the index's entries of tokens[length:], last first, and drop those tokens."""
+    while len(tokens) > length:
+        tokens.pop()
+        for key, old in reversed(replaced.pop()):
+            if old is None:
+                del index[key]
+            else:
+                index[key] = old
 
 
 def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
