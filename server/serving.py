@@ -149,8 +149,8 @@ class Sampling:
 
 class RequestRoute(APIRoute):
     """A route whose endpoint takes the Request as it is and reads its own body (Serving.handle):
-    FastAPI's dependency solving would find nothing to inject, and costs ~40 us a request before
-    the handler runs (more with cold caches). The route stays in the OpenAPI schema."""
+    FastAPI's dependency solving would find nothing to inject, yet runs before the handler on
+    every request (docs/engine-notes.md). The route stays in the OpenAPI schema."""
 
     def get_route_handler(self):
         return self.endpoint

@@ -25,8 +25,7 @@ def common_prefix(a, b) -> int:
     """How many leading items two token sequences (lists or tuples) share.
 
     On every request's way to its first token (the live cache, each saved prefix, the drafter), so
-    slices are compared in C, halving the span that differs; a loop in Python over a long prompt
-    costs about 60 ns a token."""
+    slices are compared in C, halving the span that differs, not item by item in Python."""
     if type(a) is not type(b):
         a = type(b)(a)
     n = min(len(a), len(b))

@@ -45,7 +45,7 @@ class Drafter(Protocol):
 
 RECENT_OUTPUTS = 4  # earlier requests' outputs the n-gram drafter also copies from
 # From this many output tokens, finish() also keeps the index wound back to the prompt: winding
-# back costs ~2-4 us a token, before the first token of a next request that leaves the output.
+# back costs time per token, which a next request that leaves the output pays before its first.
 WIND_BACK_AHEAD = 32
 
 
