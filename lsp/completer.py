@@ -26,7 +26,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-
 from lingcode.client import DaemonError, DaemonGone, DaemonLink, ErrorResponse
 
 ROUTE = "/v1/lingcode/complete"

@@ -121,7 +121,6 @@ class LocalEngine:
         )  # fmt: skip
         self._last: dict = {}
         self._running: str | None = None
-        self._tidy = None  # tidy()'s work, once the last chunk is passed on
         self._ngram = NGramDrafter()  # used by one request at a time: the worker thread's
 
     def set_speculation(self, speculation: str) -> None:
@@ -175,10 +174,9 @@ class LocalEngine:
 
     def tidy(self) -> None:
         """The last request's bookkeeping that need not delay its last chunk nor the next request's
-        first: the drafter's (it indexes the output, and readies the prompt's index for a retry)."""
-        if self._tidy is not None:
-            self._tidy, tidy = None, self._tidy
-            tidy()
+        first: the n-gram drafter's, the one drafter kept across requests (it indexes the output,
+        and readies the prompt's index for a retry; a no-op when it did not draft)."""
+        self._ngram.finish()
 
     def _admit(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> _Request:
         if not input_ids:
@@ -281,8 +279,6 @@ class LocalEngine:
         else:
             finish = self._decode_loop(run, self._first_tokens(run, logits, tail))
         self._account(run, finish, (time.perf_counter() - t0) * 1e3)
-        if run.drafter is not None:
-            self._tidy = run.drafter.finish
 
     def _prefill(self, run: _Run) -> tuple[torch.Tensor | None, tuple[int, int] | None]:
         """Feed the prompt past the cached prefix, chunk by chunk, checking for an abort between

@@ -12,7 +12,8 @@ one, so every accepted draft token is a decode step saved. Acceptance follows th
   removed.
 
 Drafters share one small interface: start(prompt), propose(k) -> (tokens, q or None),
-extend(accepted tokens), and finish() once the request's last token is out.
+and extend(accepted tokens). The n-gram drafter, the one kept across requests, also has finish(),
+which the engine calls once a request's last chunk is out (LocalEngine.tidy).
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ class Drafter(Protocol):
 
     def extend(self, tokens: list[int]) -> None:
         """Tokens appended to the sequence (accepted drafts and the target's own token)."""
-
-    def finish(self) -> None:
-        """The request ended and its last chunk is out: bookkeeping that need not delay the next
-        request's first token goes here."""
 
 
 RECENT_OUTPUTS = 4  # earlier requests' outputs the n-gram drafter also copies from
@@ -280,9 +277,6 @@ class EarlyExitDrafter:
     def extend(self, tokens: list[int]) -> None:
         self.length += len(tokens)
         self.last = tokens[-1]
-
-    def finish(self) -> None:
-        pass
 
     def propose(self, k: int) -> tuple[list[int], Tensor | None]:
         token, pos, draft = self.last, self.length - 1, []
