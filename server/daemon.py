@@ -458,7 +458,7 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
         app, http=protocol_class(), log_config=log_config, log_level=log_level, access_log=False,
         proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    server = _server_class(uvicorn.Server)(config, scheduler, ready)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with
     # the handler it found. A no-op there lets us return, clean up, and exit 0.
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -466,7 +466,7 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in stop_signals}
     try:
         with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
-            runner.run(_serve_until_stopped(server, sockets, scheduler, ready))
+            runner.run(_serve(server, sockets, scheduler))
     except SystemExit as exc:  # uvicorn's startup failure
         return exc.code if isinstance(exc.code, int) else EXIT_FAILED
     finally:
@@ -490,24 +490,49 @@ def _event_loop_factory():
     return None
 
 
-async def _serve_until_stopped(server, sockets: list[socket.socket], scheduler, ready) -> None:
-    """uvicorn's serve(), plus: daemon.json once it accepts, and a scheduler shut-down once asked to stop.
+def _server_class(base: type) -> type:
+    """uvicorn's Server (`base`, imported late), woken by what happens rather than by a clock."""
 
-    On Ctrl+C / SIGTERM uvicorn waits for open responses to end. Shutting the scheduler down makes
-    them end at once, each with an error a client can see (a 503, or an error event then [DONE]
-    on a stream), instead of being cut when the graceful-shutdown timeout runs out.
-    """
-    serving = asyncio.create_task(server.serve(sockets=sockets))
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.02)
+    class DaemonServer(base):
+        """uvicorn looks for a stop 10 times a second, and the daemon looked 20 times more: an idle
+        daemon woke 30 times a second, and on the CPU each wake-up takes a core from the engine's
+        step. Here a stop signal wakes the loop itself; the one tick left (the Date header, once a
+        second) also catches a signal that did not wake it (another thread took it)."""
+
+        def __init__(self, config, scheduler, ready) -> None:
+            super().__init__(config)
+            self._scheduler, self._ready = scheduler, ready
+            self._loop: asyncio.AbstractEventLoop | None = None
+            self._stop: asyncio.Event | None = None
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit:
+                self._ready()
+
+        def handle_exit(self, sig, frame) -> None:  # a signal handler: on the loop's thread, between two steps
+            super().handle_exit(sig, frame)
+            if self._stop is not None:
+                self._loop.call_soon_threadsafe(self._stop.set)
+
+        async def main_loop(self) -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            while not await self.on_tick(0):  # tick 0: uvicorn refreshes the Date header
+                try:
+                    await asyncio.wait_for(self._stop.wait(), 1.0)
+                except TimeoutError:
+                    pass
+            # Before uvicorn waits for open responses to end: the scheduler ends them at once, each
+            # with an error a client can see (a 503, or an error event then [DONE] on a stream),
+            # instead of their being cut when the graceful-shutdown timeout runs out.
+            await self._scheduler.shut_down("the daemon is shutting down; retry once it is back")
+
+    return DaemonServer
+
+
+async def _serve(server, sockets: list[socket.socket], scheduler) -> None:
+    """uvicorn's serve() on our sockets (until SIGINT/SIGTERM), then the engine closed."""
     try:
-        if server.started:
-            ready()
-        while not serving.done():
-            if server.should_exit:
-                await scheduler.shut_down("the daemon is shutting down; retry once it is back")
-                break
-            await asyncio.wait({serving}, timeout=0.05)
-        await serving
+        await server.serve(sockets=sockets)
     finally:
         await scheduler.engine.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -159,6 +160,21 @@ def test_wildcard_addresses_get_a_loopback_url():
         sock.close()
     assert d.is_loopback("127.0.0.1") and d.is_loopback("::1") and d.is_loopback("localhost")
     assert not d.is_loopback("0.0.0.0") and not d.is_loopback("192.168.1.2")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_an_idle_daemon_wakes_its_event_loop_about_once_a_second(daemon):
+    """uvicorn looks for a stop signal 10 times a second and the daemon did 20 times more: 30
+    wake-ups a second, each a core taken from a CPU engine's step. Now only the Date header's tick
+    (once a second) and a connection's keep-alive timer may wake it."""
+    status = Path(f"/proc/{daemon.process.pid}/task/{daemon.process.pid}/status")  # the loop's thread
+
+    def sleeps() -> int:
+        return int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status.read_text(), re.M).group(1))
+
+    before = sleeps()
+    time.sleep(4)
+    assert sleeps() - before <= 10  # 120 before
 
 
 def test_ctrl_c_mid_stream_ends_it_with_an_error_event_and_exits_0(model_path, tmp_path):
