@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import socket
 import statistics
 import subprocess
@@ -409,6 +410,18 @@ def _median(values) -> float | None:
     return statistics.median(values) if values else None
 
 
+def median_interval(values, rounds: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """The median's 95 % interval by the bootstrap (the values resampled `rounds` times; a fixed seed,
+    so a report reproduces from its samples). On a shared machine a row's spread is wider than the
+    goals' margins: the interval says whether a median is above a goal or only noise around it."""
+    values = [v for v in values if v is not None]
+    if len(values) < 4:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds))
+    return medians[round(0.025 * rounds)], medians[round(0.975 * rounds) - 1]
+
+
 def summarize(samples: list[Sample]) -> list[dict]:
     rows = []
     for speculation in dict.fromkeys(s.speculation for s in samples):
@@ -435,13 +448,14 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
     decode_direct = _median(s.engine_decode_ms for s in direct)
     decode_daemon = _median(s.engine_decode_ms for s in daemon)
     added = ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None
+    # each daemon request against the direct one of the same round: slow drifts of the machine cancel
+    paired = [b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms]
     return {
         "speculation": speculation, "workload": workload, "client": client,
         "tokens": _median(s.tokens for s in direct + daemon),
         "tpot_direct_ms": tpot_direct, "tpot_daemon_ms": tpot_daemon,
         "tpot_ratio": tpot_daemon / tpot_direct if tpot_direct and tpot_daemon else None,
-        # each daemon request against the direct one of the same round: slow drifts of the machine cancel
-        "tpot_ratio_paired": _median(b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms),
+        "tpot_ratio_paired": _median(paired), "tpot_ratio_paired_interval": median_interval(paired),
         "ttft_cached_direct_ms": ttft_direct, "ttft_cached_daemon_ms": ttft_daemon,
         "ttft_added_ms": added, "client_floor_ms": floor,
         "ttft_added_less_floor_ms": added - floor if added is not None and floor is not None else None,
@@ -461,6 +475,10 @@ def _fmt(value, digits=3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _interval(bounds) -> str:
+    return "" if not bounds else f" ({bounds[0]:.3f}-{bounds[1]:.3f})"
+
+
 def markdown(report: dict) -> str:
     lines = [f"# lingcode bench daemon ({report['engine']})", "", f"- command: `{report['command']}`",
              f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}", "",
@@ -471,15 +489,17 @@ def markdown(report: dict) -> str:
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
                      f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
-                     f"{_fmt(r.get('tpot_ratio_paired'))} | {_fmt(r['ttft_cached_direct_ms'], 2)} | "
+                     f"{_fmt(r.get('tpot_ratio_paired'))}{_interval(r.get('tpot_ratio_paired_interval'))} | "
+                     f"{_fmt(r['ttft_cached_direct_ms'], 2)} | "
                      f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
                      f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
                      f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
                      f"{r['same_text']} |")  # fmt: skip
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
-              "direct request of its round. The client floor is the same client and request against a server that "
-              "answers at once (the HTTP client's own cost, which no server can remove). The engine's first chunk: "
+              "direct request of its round, with its 95 % interval (bootstrap). The client floor is the same client "
+              "and request against a server that answers at once (the HTTP client's own cost, which no server can "
+              "remove). The engine's first chunk: "
               "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
               "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets).", "",
               "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians; `until_*` from "
