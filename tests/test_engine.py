@@ -124,6 +124,30 @@ async def test_the_engine_times_its_own_first_chunk(engine):
     assert last["prefill_ms"] <= last["first_chunk_ms"] <= first
 
 
+async def test_the_engine_counts_its_cpu_steps_barrier_sleeps(engine):
+    """last_request.barrier_sleeps: how often the native CPU step's threads slept waiting for each
+    other during the request. With every core taken by other work they must (a partner preempted
+    mid-step); lingcode bench daemon reports it a token, direct against through the daemon."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    if getattr(engine.step, "sleeps", None) is None or torch.get_num_threads() < 2:
+        pytest.skip("the native CPU step on two threads or more")
+    ids = chat_ids(engine, "Name a prime number.")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in os.sched_getaffinity(0)]
+    try:
+        async for _ in engine.generate("busy", ids, SamplingParams(max_tokens=16, ignore_eos=True, **GREEDY)):
+            pass
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert engine.stats()["last_request"]["barrier_sleeps"] > 0
+
+
 async def test_abort_frees_the_engine_within_a_step(engine):
     scheduler = Scheduler(engine)
     ids = chat_ids(engine, "Write a long essay about the history of computing.")

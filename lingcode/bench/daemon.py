@@ -98,6 +98,7 @@ class Sample:
     client: str = ""  # the daemon's and the floor's: "httpx" | "aiohttp"
     engine_steps: int | None = None  # the engine's decode steps (with drafts: fewer than tokens)
     engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
+    engine_sleeps: int | None = None  # the native CPU step's barrier sleeps in this request (last_request)
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -375,7 +376,8 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                     sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
                                                     info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
                                                     engine_steps=last.get("decode_steps"),
-                                                    engine_first_ms=last.get("first_chunk_ms"))  # fmt: skip
+                                                    engine_first_ms=last.get("first_chunk_ms"),
+                                                    engine_sleeps=last.get("barrier_sleeps"))  # fmt: skip
                                 else:
                                     ttft, tpot, n, text, trace = await through_daemon(clients[side], messages, args.max_tokens)
                                     stats = (await stats_client.get("/v1/lingcode/stats")).json()["engine"]
@@ -383,7 +385,8 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                     sample = Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
                                                     last.get("decode_ms"), client=side,
                                                     engine_steps=last.get("decode_steps"),
-                                                    engine_first_ms=last.get("first_chunk_ms"))  # fmt: skip
+                                                    engine_first_ms=last.get("first_chunk_ms"),
+                                                    engine_sleeps=last.get("barrier_sleeps"))  # fmt: skip
                                 if i > 0:
                                     samples.append(sample)
                                 print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
@@ -466,6 +469,11 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         "engine_first_daemon_ms": _median(s.engine_first_ms for s in daemon if s.cached),
         "engine_first_hop_ms": _median(s.trace["engine_first_chunk"] - s.engine_first_ms for s in daemon
                                        if s.cached and s.engine_first_ms is not None and "engine_first_chunk" in s.trace),
+        # the CPU step's threads sleeping at a barrier, a token: each is a partner's core taken away
+        "engine_sleeps_per_token_direct": _median(s.engine_sleeps / s.tokens for s in direct
+                                                  if s.engine_sleeps is not None and s.tokens),
+        "engine_sleeps_per_token_daemon": _median(s.engine_sleeps / s.tokens for s in daemon
+                                                  if s.engine_sleeps is not None and s.tokens),
         "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
         "trace_cached_ms": trace,
     }  # fmt: skip
@@ -484,8 +492,9 @@ def markdown(report: dict) -> str:
              f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}", "",
              "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
-             "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | "
+             "barrier sleeps a token, direct / daemon | same text |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
                      f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
@@ -495,13 +504,16 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
                      f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
-                     f"{r['same_text']} |")  # fmt: skip
+                     f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
+                     f"{_fmt(r.get('engine_sleeps_per_token_daemon'), 2)} | {r['same_text']} |")  # fmt: skip
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
               "direct request of its round, with its 95 % interval (bootstrap). The client floor is the same client "
               "and request against a server that answers at once (the HTTP client's own cost, which no server can "
               "remove). The engine's first chunk: "
               "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
-              "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets).", "",
+              "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets). "
+              "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "
+              "core taken by other work), per token.", "",
               "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians; `until_*` from "
               "the request's arrival, the rest summed over the request):", ""]  # fmt: skip
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})

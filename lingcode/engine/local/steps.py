@@ -118,6 +118,10 @@ class NativeCpuStep:
     def padded_width(self, n: int) -> int:
         return n
 
+    def sleeps(self) -> int:
+        """How many times a thread of the step's pool went to sleep waiting (engine stats)."""
+        return self.native.sleeps()
+
     def draft_room(self, pos: int, fed: int) -> int:
         return max(0, min(NATIVE_WIDTHS, self.max_len - pos) - fed)
 
