@@ -510,7 +510,7 @@ def _server_class(base: type) -> type:
             if self.started and not self.should_exit:
                 self._ready()
 
-        def handle_exit(self, sig, frame) -> None:  # a signal handler: on the loop's thread, between two steps
+        def handle_exit(self, sig, frame) -> None:  # a signal handler: on the loop's thread, between two bytecodes
             super().handle_exit(sig, frame)
             if self._stop is not None:
                 self._loop.call_soon_threadsafe(self._stop.set)
