@@ -10,6 +10,7 @@ import torch
 
 from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
+from lingcode.engine.local.sampling import argmax
 from lingcode.engine.local.speculative import DraftLength, NGramDrafter, verify_greedy, verify_sampled
 from lingcode.pipeline.generation import generate_text
 from lingcode.pipeline.scheduler import Scheduler
@@ -201,6 +202,23 @@ def test_greedy_verify_keeps_the_matching_prefix_then_the_targets_token():
     assert verify_greedy(logits, [3, 4, 5]) == [3, 4, 9]
     assert verify_greedy(logits[:3], [3, 4]) == [3, 4, 9]  # all accepted: the bonus token
     assert verify_greedy(logits[:2], [0]) == [3]
+
+
+def test_the_cpu_argmax_picks_the_ids_torch_picks():
+    """Greedy decoding and verification read their ids through sampling.argmax (numpy's on the
+    CPU): the same ids as torch's argmax, ties to the first, NaN taken as the largest."""
+    generator = torch.Generator().manual_seed(0)
+    wide = torch.randn(5, 49152, generator=generator)
+    cases = [
+        wide[0], wide, wide[1:4], wide.t()[:7],  # a row, a batch, a slice, strided columns
+        torch.tensor([1.0, 3.0, 3.0, 2.0]), torch.tensor([[2.0, 2.0], [1.0, 2.0]]),  # ties
+        torch.tensor([1.0, float("nan"), 5.0, float("nan")]), torch.tensor([float("-inf"), float("-inf")]),
+        torch.randn(8, generator=generator).to(torch.bfloat16),  # not float32: torch's own
+    ]
+    with torch.inference_mode():  # as the engine calls it
+        for logits in cases:
+            ours, torchs = argmax(logits), logits.argmax(dim=-1)
+            assert ours.dtype == torchs.dtype and ours.shape == torchs.shape and torch.equal(ours, torchs)
 
 
 @pytest.mark.parametrize("draft_has_probs", [False, True])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -19,10 +20,19 @@ def scale(logits: Tensor, temperature: float) -> Tensor:
     return (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, MIN_TEMPERATURE)
 
 
+def argmax(logits: Tensor) -> Tensor:
+    """logits.argmax(dim=-1): the same ids (the first of equal maxima, a NaN's if any), on the same
+    device. Float32 logits on the CPU go through numpy, whose argmax is vectorized and torch's is not:
+    it runs between two steps, while the step's other thread waits (docs/engine-notes.md)."""
+    if logits.is_cpu and logits.dtype == torch.float32:
+        return torch.from_numpy(np.asarray(logits.numpy().argmax(axis=-1)))
+    return logits.argmax(dim=-1)
+
+
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> Tensor:
     """logits [V] -> a 0-d token id tensor on the same device (no host sync here)."""
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     logits = scale(logits, params.temperature)
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]

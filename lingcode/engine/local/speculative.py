@@ -26,7 +26,7 @@ from torch import Tensor
 
 from lingcode.engine import SamplingParams
 from lingcode.engine.local.kv_store import common_prefix
-from lingcode.engine.local.sampling import scale
+from lingcode.engine.local.sampling import argmax, scale
 
 
 class Drafter(Protocol):
@@ -178,7 +178,7 @@ def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
 
 def verify_greedy(logits: Tensor, draft: list[int]) -> list[int]:
     """logits [k+1, V] of the target at the pending token and each draft token -> tokens to emit."""
-    targets = logits.argmax(dim=-1).tolist()  # one host read per verify step
+    targets = argmax(logits).tolist()  # one host read per verify step
     n = 0
     while n < len(draft) and draft[n] == targets[n]:
         n += 1
@@ -281,7 +281,7 @@ class EarlyExitDrafter:
     def propose(self, k: int) -> tuple[list[int], Tensor | None]:
         token, pos, draft = self.last, self.length - 1, []
         for _ in range(k):
-            token = int(self.step([token], pos, n_layers=self.n_layers)[-1].argmax())
+            token = int(argmax(self.step([token], pos, n_layers=self.n_layers)[-1]))
             draft.append(token)
             pos += 1
         return draft, None
