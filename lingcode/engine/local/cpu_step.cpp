@@ -650,7 +650,8 @@ void rope(float* x, const float* cos, const float* sin) {
 
 // --- threads ----------------------------------------------------------------------------------------
 
-// How long a thread spins before it sleeps: adaptive, per thread and call site. A step has ~150
+// How long a thread spins before it sleeps: adaptive, per thread and call site, in nanoseconds (a
+// pause instruction takes 2-4 times longer on one x86 CPU than on another). A step has ~150
 // barriers. Where both threads have a core each, the wait is a few microseconds and spinning
 // catches it. Where another process holds one of the two cores and the threads share the other,
 // spinning holds the core the partner needs: libgomp's default (spin ~0.3 s) then cost a whole
@@ -661,12 +662,12 @@ void rope(float* x, const float* cos, const float* sin) {
 // judging by it halved the budget at every barrier after an idle pause and never recovered (steps of
 // 11 ms instead of 2.1 when requests came with pauses between them).
 struct Spin {
-  int budget, most;
+  int64_t budget, most;  // ns
 };
 
 inline void cpu_relax() {
 #if defined(__x86_64__)
-  _mm_pause();  // ~33 ns on this repo's EPYC machine
+  _mm_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
@@ -700,8 +701,9 @@ inline bool sleep_while(std::atomic<uint32_t>& word, uint32_t old) {
 inline void wake_all(std::atomic<uint32_t>& word) { word.notify_all(); }
 #endif
 
-thread_local Spin barrier_spin{2000, 2000};  // ~66 us
-thread_local Spin idle_spin{20000, 20000};   // between steps, while the caller runs a little Python
+constexpr int64_t LEAST_SPIN_NS = 500;
+thread_local Spin barrier_spin{66'000, 66'000};
+thread_local Spin idle_spin{660'000, 660'000};  // between steps, while the caller runs a little Python
 
 // The caller and n - 1 helper threads running one function together, with a barrier. Helpers sleep
 // between calls. One call at a time (the engine's worker thread).
@@ -755,15 +757,20 @@ class Pool {
 
   // Wait until `word` is no longer `old`: spin within the budget, then sleep until woken.
   uint32_t wait_while(std::atomic<uint32_t>& word, uint32_t old, Spin& spin) {
-    for (int i = 0; i < spin.budget; ++i) {
+    int64_t spun_until = 0;  // read the clock only once the wait is not a short one
+    for (int i = 1;; ++i) {
       const uint32_t now = word.load(std::memory_order_acquire);
       if (now != old) {
         spin.budget = std::min(spin.most, 2 * spin.budget);
         return now;
       }
       cpu_relax();
+      if (i % 16 == 0) {
+        const int64_t t = clock_ns();
+        if (spun_until == 0) spun_until = t + spin.budget;
+        if (t >= spun_until) break;
+      }
     }
-    const int64_t spun_until = clock_ns();
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     uint32_t now;
     while ((now = word.load(std::memory_order_seq_cst)) == old) {
@@ -780,11 +787,10 @@ class Pool {
       caller_cpu_.store(current_cpu(), std::memory_order_relaxed);  // a wake-up may have moved it
     }
     // How long after our spin ended the partner published (<= 0: before we slept, or an older
-    // publish); within the rest of a full budget (~33 ns a pause, and a margin), spinning would
-    // have caught it.
+    // publish); within the rest of a full budget (and a margin), spinning would have caught it.
     const int64_t late = published_at_.load(std::memory_order_acquire) - spun_until;
-    const bool catchable = late < 40 * int64_t(spin.most - spin.budget);
-    spin.budget = catchable ? std::min(spin.most, 2 * spin.budget) : std::max(16, spin.budget / 2);
+    const bool catchable = late < (spin.most - spin.budget) * 6 / 5;
+    spin.budget = catchable ? std::min(spin.most, 2 * spin.budget) : std::max(LEAST_SPIN_NS, spin.budget / 2);
     return now;
   }
 
