@@ -284,3 +284,41 @@ async def test_chunk_channel_hands_over_what_piled_up_as_one_chunk():
     assert (await failing.get()).token_ids == [7]  # what came before the error first
     with pytest.raises(EngineError, match="boom"):
         await failing.get()
+
+
+async def test_chunk_channel_hands_the_first_chunk_over_before_the_worker_goes_on(monkeypatch):
+    """Where the engine's threads take every core, the worker waits after the first chunk until the
+    loop has passed it on and reads again (or the reader left): the loop then has a core for the
+    first token. A first chunk that ends the stream, or a reader that left, is not waited on."""
+    import threading
+
+    import lingcode.engine
+    from lingcode.engine import ChunkChannel, TokenChunk
+
+    monkeypatch.setattr(lingcode.engine, "FIRST_HAND_OVER_S", 60.0)  # only the reader ends the wait here
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+    channel = ChunkChannel(loop, interval_s=3600, hand_over_first=True)
+
+    def worker():
+        channel.put(TokenChunk([1]))
+        order.append("worker goes on")
+        channel.put(TokenChunk([2], "stop"))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert (await channel.get()).token_ids == [1]
+    await asyncio.sleep(0.05)  # the loop passing the first chunk on
+    order.append("loop passed it on")
+    assert (await channel.get()).token_ids == [2]
+    await asyncio.to_thread(thread.join)
+    assert order == ["loop passed it on", "worker goes on"]
+
+    # a first chunk that is also the last, and a reader that left: put() returns without waiting
+    for ending, released in ((True, False), (False, True)):
+        done = threading.Event()
+        channel = ChunkChannel(loop, interval_s=3600, hand_over_first=True)
+        if released:
+            channel.release()
+        threading.Thread(target=lambda: (channel.put(TokenChunk([1], "stop" if ending else None)), done.set())).start()
+        assert await asyncio.to_thread(done.wait, 30)

@@ -104,6 +104,14 @@ STREAM_INTERVAL_S = 0.004
 # The same where the engine's threads use every core (the CPU engine): each wake-up there delays
 # the engine's step, so fewer of them (a text still streams at 40 updates a second).
 CPU_STREAM_INTERVAL_S = 0.025
+# There the woken loop may also wait for a timeslice before it runs, the first token with it: the
+# worker hands its core over until the loop has passed the first chunk on, at most this long.
+FIRST_HAND_OVER_S = 0.005
+
+
+def _ends_stream(item: TokenChunk | BaseException) -> bool:
+    """Whether a chunk ends its stream (the last chunk, or the worker's exception)."""
+    return not isinstance(item, TokenChunk) or item.finish_reason is not None
 
 
 class ChunkChannel:
@@ -114,11 +122,18 @@ class ChunkChannel:
     since the last read, merged into one chunk. At GPU speed (a step in a fraction of a
     millisecond) the loop's per-chunk work (detokenize, stop strings, parsers, one SSE frame) then
     runs once per interval, not once per token, and leaves the worker's GIL time alone.
+
+    With hand_over_first (an engine whose threads take every core), put() of the first chunk
+    returns once the loop has passed it on and waits in get() again, or the reader has left
+    (release()), or FIRST_HAND_OVER_S has passed. A first chunk that ends the stream is not waited on.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = STREAM_INTERVAL_S):
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = STREAM_INTERVAL_S,
+                 hand_over_first: bool = False):  # fmt: skip
         self._loop = loop
         self._interval_s = interval_s
+        self._hand_over_first = hand_over_first
+        self._reading = threading.Event()  # the loop waits in get() with nothing left to read
         self._items: list = []  # TokenChunks, or one exception
         self._lock = threading.Lock()
         self._wake_pending = False
@@ -131,11 +146,22 @@ class ChunkChannel:
         with self._lock:
             first = not self._items and self._woken_at == 0.0
             self._items.append(item)
-            urgent = first or not isinstance(item, TokenChunk) or item.finish_reason is not None
+            urgent = first or _ends_stream(item)
             if self._wake_pending or not (urgent or now - self._woken_at >= self._interval_s):
                 return
             self._wake_pending, self._woken_at = True, now
+            hand_over = first and self._hand_over_first and not _ends_stream(item)
+            if hand_over:
+                self._reading.clear()
         self._loop.call_soon_threadsafe(self._wake)
+        if hand_over:
+            self._reading.wait(FIRST_HAND_OVER_S)
+
+    def release(self) -> None:
+        """Loop side: the reader is done (finished or gone); a hand-over waits for it no longer."""
+        with self._lock:
+            self._hand_over_first = False
+            self._reading.set()
 
     def _wake(self) -> None:
         with self._lock:
@@ -148,6 +174,8 @@ class ChunkChannel:
         while True:
             with self._lock:
                 items, self._items = self._items, []
+                if not items:
+                    self._reading.set()
             if items:
                 break
             self._waiter = self._loop.create_future()

@@ -99,6 +99,7 @@ class LocalEngine:
         all_cores = device.type == "cpu" and torch.get_num_threads() >= cores
         self.stream_interval_s = float(os.environ.get("LINGCODE_STREAM_INTERVAL_MS", 0)) / 1e3 or (
             CPU_STREAM_INTERVAL_S if all_cores else STREAM_INTERVAL_S)  # fmt: skip
+        self.hand_over_first = all_cores  # ChunkChannel: the loop gets a core for the first token
         self.info = ModelInfo(
             name=checkpoint.name,
             context_length=cfg.context_length,
@@ -139,7 +140,7 @@ class LocalEngine:
     async def generate(
         self, request_id: str, input_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenChunk]:
-        chunks = ChunkChannel(asyncio.get_running_loop(), self.chunk_interval(params))
+        chunks = ChunkChannel(asyncio.get_running_loop(), self.chunk_interval(params), self.hand_over_first)
         done = asyncio.wrap_future(self.submit(request_id, input_ids, params, chunks.put))
         try:
             while True:
@@ -148,6 +149,7 @@ class LocalEngine:
                 if chunk.finish_reason is not None:
                     break
         finally:
+            chunks.release()
             self.stop(request_id)  # no-op when finished; stops the loop within a step otherwise
             await asyncio.shield(done)
 
