@@ -146,11 +146,12 @@ class ChunkChannel:
         with self._lock:
             first = not self._items and self._woken_at == 0.0
             self._items.append(item)
-            urgent = first or _ends_stream(item)
+            ends = _ends_stream(item)
+            urgent = first or ends
             if self._wake_pending or not (urgent or now - self._woken_at >= self._interval_s):
                 return
             self._wake_pending, self._woken_at = True, now
-            hand_over = first and self._hand_over_first and not _ends_stream(item)
+            hand_over = first and self._hand_over_first and not ends
             if hand_over:
                 self._reading.clear()
         self._loop.call_soon_threadsafe(self._wake)
