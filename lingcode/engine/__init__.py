@@ -101,9 +101,10 @@ def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
 # How long a worker thread's chunks may wait for the event loop at most, once one is waiting: the
 # loop then reads every chunk that piled up as one, instead of waking for each decode step.
 STREAM_INTERVAL_S = 0.004
-# The same where the engine's threads use every core (the CPU engine): each wake-up there delays
-# the engine's step, so fewer of them (a text still streams at 40 updates a second).
-CPU_STREAM_INTERVAL_S = 0.025
+# The same where the engine's threads use every core (the CPU engine): each wake-up there takes a
+# core from the step, for the loop's work and then the client's, so fewer of them (a text still
+# streams at 20 updates a second).
+CPU_STREAM_INTERVAL_S = 0.05
 # There the woken loop may also wait for a timeslice before it runs, the first token with it: the
 # worker hands its core over until the loop has passed the first chunk on, at most this long.
 FIRST_HAND_OVER_S = 0.005
