@@ -373,6 +373,10 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                                                               info.eos_token_ids, info.context_length,
                                                                               args.sglang_stream == "incremental")  # fmt: skip
                                         last = {}
+                                    # the same pause before the next request as on the daemon's side, which asks
+                                    # the daemon for its stats: a few ms idle slow the next first step on the
+                                    # CPU (docs/engine-notes.md), so both sides take it
+                                    await stats_client.get("/v1/lingcode/stats")
                                     sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
                                                     info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
                                                     engine_steps=last.get("decode_steps"),
