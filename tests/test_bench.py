@@ -80,12 +80,21 @@ def test_bench_runs_llama_cpp_in_its_own_interpreter(tmp_path, model_path):
 def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
     """`lingcode bench daemon` against SGLang's stand-in: a row per client, each beside its own floor."""
     out = tmp_path / "daemon"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"messages": [{"role": "user", "content": "Name a sorting algorithm."}]}\n\n'
+                       '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]}\n')
     done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
-                           str(model_path), "--workload", "chat", "--requests", "1", "--max-tokens", "8",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
+                           str(model_path), "--workload", "chat,stdlib", "--prompts", str(prompts), "--requests", "2",
+                           "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(out.with_suffix(".json").read_text())
-    assert [row["client"] for row in report["rows"]] == ["httpx", "aiohttp"]
+    assert [(row["workload"], row["client"]) for row in report["rows"]] == [
+        (workload, client) for workload in ("chat", "stdlib", "prompts") for client in ("httpx", "aiohttp")]
+    # the workloads that are not the bench's own change every round, and the report names each input
+    stdlib = report["inputs"]["stdlib"]
+    assert len(stdlib) == len(set(stdlib)) == 2 and all("." in name for name in stdlib)
+    assert report["inputs"]["prompts"] == ["line 3", "line 1"] and "chat" not in report["inputs"]
+    assert "- stdlib, one a round: " in out.with_suffix(".md").read_text()
     for row in report["rows"]:
         assert row["same_text"] and row["tokens"] == 8
         assert row["tpot_ratio"] > 0 and row["tpot_ratio_paired"] > 0 and row["client_floor_ms"] > 0
@@ -93,6 +102,15 @@ def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
         assert 0 < row["trace_cached_ms"]["until_engine"] < row["trace_cached_ms"]["until_first_body"]
     assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp"}
     assert "| speculation | workload | client |" in out.with_suffix(".md").read_text()
+
+
+def test_bench_daemon_refuses_a_prompts_file_it_cannot_read(tmp_path, model_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "Hi."}]}\n{"prompt": "no messages"}\n')
+    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
+                           str(model_path), "--workload", "", "--prompts", str(bad)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode != 0 and f"{bad}:2: not a" in done.stderr
 
 
 def test_the_paired_ratio_comes_with_its_median_interval():

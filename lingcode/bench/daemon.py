@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from collections.abc import AsyncIterator
@@ -81,6 +82,72 @@ WORKLOADS = {
     "code-edit": [{"role": "user", "content": "Rename `groupBy` to `groupItems` and `debounce` to `debounceCall`, "
                                               f"and output the whole edited file:\n```js\n{CODE}```"}],
 }
+# Inputs that are not this bench's own: a function of Python's standard library, a different one each
+# round, under one of a few everyday requests. (Python versions differ in their sources: each sample
+# names its function.)
+STDLIB_MODULES = ("argparse", "base64", "bisect", "calendar", "csv", "difflib", "fractions", "ftplib", "gettext",
+                  "heapq", "ipaddress", "json.decoder", "json.encoder", "mailbox", "netrc", "pathlib", "pprint",
+                  "shlex", "statistics", "string", "tarfile", "textwrap", "tokenize", "urllib.parse", "zipfile")  # fmt: skip
+STDLIB_ASKS = ("Explain what this function does, step by step.", "Add type hints to this function and output it whole.",
+               "Write pytest tests for this function.", "Find an edge case this function mishandles, and fix it.")  # fmt: skip
+
+
+def stdlib_functions() -> list[tuple[str, str]]:
+    """(module.qualname, source) of the standard library's functions and methods of 300-2,500
+    characters in STDLIB_MODULES, sorted by name."""
+    import importlib
+    import inspect
+
+    found = {}
+    for name in STDLIB_MODULES:
+        module = importlib.import_module(name)
+        members = [m for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == name
+                   for _, m in vars(c).items() if inspect.isfunction(m)]  # fmt: skip
+        members += [f for _, f in inspect.getmembers(module, inspect.isfunction)]
+        for fn in members:
+            if fn.__module__ != name:
+                continue
+            try:
+                source = inspect.getsource(fn)
+            except (OSError, TypeError):
+                continue
+            if 300 <= len(source) <= 2500:
+                found[f"{name}.{fn.__qualname__}"] = source
+    return sorted(found.items())
+
+
+def workload_request(workload: str, round_index: int, prompts: list[tuple[str, list[dict]]]) -> tuple[str, list[dict]]:
+    """A round's request of a workload: a label naming its input, and its messages. The bench's own
+    two are the same every round; `stdlib` and `prompts` (a --prompts file) change each round."""
+    if workload in WORKLOADS:
+        return workload, WORKLOADS[workload]
+    if workload == "stdlib":
+        functions = stdlib_functions()
+        name, source = functions[(round_index * 37) % len(functions)]  # 37: neighbours come from other modules
+        ask = STDLIB_ASKS[round_index % len(STDLIB_ASKS)]
+        return name, [{"role": "user", "content": f"{ask}\n```python\n{textwrap.dedent(source)}```"}]
+    if workload == "prompts" and prompts:
+        return prompts[round_index % len(prompts)]
+    raise SystemExit(f"lingcode bench daemon: unknown workload {workload!r} (chat, code-edit, stdlib, or --prompts FILE)")
+
+
+def read_prompts(path: Path) -> list[tuple[str, list[dict]]]:
+    """A --prompts file: JSON Lines, each a chat request's {"messages": [...]} (other fields are
+    ignored); each labelled with its line."""
+    prompts = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            messages = json.loads(line)["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("no messages")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"lingcode bench daemon: {path}:{number}: not a {{\"messages\": [...]}} line ({exc})")
+        prompts.append((f"line {number}", messages))
+    if not prompts:
+        raise SystemExit(f"lingcode bench daemon: {path} holds no requests")
+    return prompts
 
 
 @dataclass
@@ -98,6 +165,7 @@ class Sample:
     client: str = ""  # the daemon's and the floor's: "httpx" | "aiohttp"
     engine_steps: int | None = None  # the engine's decode steps (with drafts: fewer than tokens)
     engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
+    input: str = ""  # the workload's input this round (stdlib: the function; prompts: the file's line)
     engine_sleeps: int | None = None  # the native CPU step's barrier sleeps in this request (last_request)
 
 
@@ -298,7 +366,9 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
     samples: list[Sample] = []
     gguf = models.ensure(args.model)
     serve_env = dict(item.split("=", 1) for item in args.serve_env)
-    workloads = [w for w in args.workload.split(",") if w]
+    workloads = [w for w in args.workload.split(",") if w] + (["prompts"] if args.prompts else [])
+    for workload in workloads:
+        workload_request(workload, 0, read_prompts(args.prompts) if args.prompts else [])  # unknown ones fail now
     floor_port = _free_port()
     floor = subprocess.Popen([sys.executable, "-m", "lingcode.bench.daemon", str(floor_port)])
     floor_clients = _clients(f"http://127.0.0.1:{floor_port}", {"Authorization": "Bearer floor"})
@@ -317,6 +387,7 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
 
 async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor_clients: dict,
                   samples: list[Sample]) -> list[Sample]:  # fmt: skip
+    prompts = read_prompts(args.prompts) if args.prompts else []
     from lingcode.text.chat_template import render_chat
 
     for speculation in args.speculation.split(","):
@@ -357,11 +428,12 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
             stats_client = clients["httpx"]
             try:
                 for workload in workloads:
-                    messages = WORKLOADS[workload]
-                    input_ids = info.tokenizer.encode(render_chat(info.chat_template, messages, bos_token=info.bos_token,
-                                                                  eos_token=info.eos_token))  # fmt: skip
                     sides = ["direct", *clients]
                     for i in range(args.requests + 1):  # the first round warms every side up
+                        label, messages = workload_request(workload, i, prompts)
+                        input_ids = info.tokenizer.encode(render_chat(info.chat_template, messages,
+                                                                      bos_token=info.bos_token,
+                                                                      eos_token=info.eos_token))  # fmt: skip
                         for side in sides[i % len(sides):] + sides[: i % len(sides)]:  # each goes first in turn
                             for cached in (False, True):
                                 if side == "direct":
@@ -381,7 +453,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                                     info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
                                                     engine_steps=last.get("decode_steps"),
                                                     engine_first_ms=last.get("first_chunk_ms"),
-                                                    engine_sleeps=last.get("barrier_sleeps"))  # fmt: skip
+                                                    engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
                                 else:
                                     ttft, tpot, n, text, trace = await through_daemon(clients[side], messages, args.max_tokens)
                                     stats = (await stats_client.get("/v1/lingcode/stats")).json()["engine"]
@@ -390,16 +462,18 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                                                     last.get("decode_ms"), client=side,
                                                     engine_steps=last.get("decode_steps"),
                                                     engine_first_ms=last.get("first_chunk_ms"),
-                                                    engine_sleeps=last.get("barrier_sleeps"))  # fmt: skip
+                                                    engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
                                 if i > 0:
                                     samples.append(sample)
                                 print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
                                       f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
-                                      f"({sample.tokens} tokens){'' if i else '  (warm-up)'}", flush=True)  # fmt: skip
+                                      f"({sample.tokens} tokens){'' if i else '  (warm-up)'}"
+                                      f"{'' if label == workload else '  ' + label}", flush=True)  # fmt: skip
                         for name, floor_client in floor_clients.items():
                             ttft, *_ = await through_daemon(floor_client, messages, args.max_tokens)
                             if i > 0:
-                                samples.append(Sample("floor", workload, speculation, True, 0, ttft, None, client=name))
+                                samples.append(Sample("floor", workload, speculation, True, 0, ttft, None, client=name,
+                                                      input=label))  # fmt: skip
             finally:
                 await _close(clients)
         finally:
@@ -427,6 +501,15 @@ def median_interval(values, rounds: int = 2000, seed: int = 0) -> tuple[float, f
     rng = random.Random(seed)
     medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(rounds))
     return medians[round(0.025 * rounds)], medians[round(0.975 * rounds) - 1]
+
+
+def inputs(samples: list[Sample]) -> dict[str, list[str]]:
+    """The inputs of the workloads that change each round, in round order (once per round)."""
+    named: dict[str, list[str]] = {}
+    for s in samples:
+        if s.side == "direct" and s.input != s.workload and s.speculation == samples[0].speculation and not s.cached:
+            named.setdefault(s.workload, []).append(s.input)
+    return named
 
 
 def summarize(samples: list[Sample]) -> list[dict]:
@@ -493,7 +576,9 @@ def _interval(bounds) -> str:
 
 def markdown(report: dict) -> str:
     lines = [f"# lingcode bench daemon ({report['engine']})", "", f"- command: `{report['command']}`",
-             f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}", "",
+             f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}",
+             *(f"- {workload}, one a round: {', '.join(names)}" for workload, names in report.get("inputs", {}).items()),
+             "",
              "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
              "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | "
@@ -535,7 +620,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="the local engine's device (auto, cpu, cuda)")
     parser.add_argument("--kernels", default="auto", help="the local engine's forward pass (auto, torch, triton, native)")
     parser.add_argument("--model", default=None, help="the model (default: the embedded default)")
-    parser.add_argument("--workload", default="chat,code-edit", help="comma-separated: chat, code-edit")
+    parser.add_argument("--workload", default="chat,code-edit",
+                        help="comma-separated: chat, code-edit (the bench's own, the same each round), stdlib "
+                             "(a function of Python's standard library, another each round)")  # fmt: skip
+    parser.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                        help='also your own requests: JSON Lines of {"messages": [...]}, one a round, in turn')  # fmt: skip
     parser.add_argument("--speculation", default="off,ngram", help="comma-separated speculation modes (local engine)")
     parser.add_argument("--requests", type=int, default=3, help="measured requests per workload and side (default: 3)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request (ignore_eos; default: 256)")
@@ -558,7 +647,7 @@ def main(args: argparse.Namespace) -> int:
         "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
         "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, loadavg {os.getloadavg()}",
-        "rows": summarize(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
+        "rows": summarize(samples), "inputs": inputs(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
     }  # fmt: skip
     text = markdown(report)
     print(text)
