@@ -93,6 +93,22 @@ async def test_a_saved_prompt_that_opens_alike_does_not_block_saving_the_convers
         engine.kv_store.clear()
 
 
+async def test_a_retried_prompt_saves_nothing(engine):
+    """The same prompt again after an answer longer than it (a retry, a regenerated answer): the cache
+    holds the whole prompt, and what the retry overwrites is only that answer. Copying it to the store
+    (prompt and answer, every layer) delayed the retry's first token; nothing is saved."""
+    prompt = engine.info.tokenizer.encode("Write a limerick about a cache.")
+    long_answer = SamplingParams(max_tokens=3 * len(prompt) + 32, temperature=0, ignore_eos=True)
+    for attempt in range(3):
+        async for _ in engine.generate(f"retry-{attempt}", prompt, long_answer):
+            pass
+        store = engine.stats()["kv_store"]
+        if attempt:  # (the first may save what an earlier request left in the cache)
+            assert engine.stats()["last_request"]["cached_tokens"] == len(prompt) - 1
+            assert (store["saves"], store["entries"]) == before
+        before = store["saves"], store["entries"]
+
+
 def caches(n_layers=2, max_len=256) -> list[KVCache]:
     made = []
     for _ in range(n_layers):
