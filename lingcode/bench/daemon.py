@@ -4,7 +4,8 @@ The same requests go to the engine directly (in this process) and through a runn
 (`lingcode serve` in a process of its own, streamed over SSE), alternating request by request,
 with and without drafts. Two real clients read the daemon: httpx (the openai and anthropic SDKs'
 transport) and aiohttp; their own cost differs by more than a millisecond a request, which is
-the client's, not the daemon's. Each request is sent twice in a row, so the second
+the client's, not the daemon's. Each client's requests are paired with direct ones of their own,
+next to them in the round, so that both engines answer as often. Each request is sent twice in a row, so the second
 one finds its prompt in the KV cache: the time to first token the daemon adds is read there.
 Reported per workload and speculation mode (medians):
 
@@ -250,8 +251,11 @@ async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
             yield raw.decode().rstrip("\r\n")
 
 
+CLIENTS = ("httpx", "aiohttp")
+
+
 def _clients(base_url: str, headers: dict) -> dict:
-    """The daemon's readers, by name: httpx and aiohttp, each with one kept-alive connection."""
+    """The daemon's readers, by name (CLIENTS), each with one kept-alive connection."""
     return {"httpx": httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600),
             "aiohttp": aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600))}  # fmt: skip
 
@@ -428,7 +432,6 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
             stats_client = clients["httpx"]
             try:
                 for workload in workloads:
-                    sides = ["direct", *clients]
                     for i in range(args.requests + 1):  # the first round warms every side up
                         label, messages = workload_request(workload, i, prompts)
                         input_ids = info.tokenizer.encode(render_chat(info.chat_template, messages,
@@ -441,43 +444,49 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                             return await direct_sglang(direct_client, input_ids, args.max_tokens, info.eos_token_ids,
                                                        info.context_length, args.sglang_stream == "incremental")  # fmt: skip
 
+                        async def measure_direct(direct, cached: bool, client: str) -> Sample:
+                            ttft, tpot, ids = await direct()
+                            last = engine.stats()["last_request"] if engine is not None else {}
+                            # the same pause before the next request as on the daemon's side, which asks the
+                            # daemon for its stats: a few ms idle slow the next first step on the CPU
+                            # (docs/engine-notes.md), so both sides take it
+                            await stats_client.get("/v1/lingcode/stats")
+                            return Sample("direct", workload, speculation, cached, len(ids), ttft, tpot,
+                                          info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
+                                          client=client, engine_steps=last.get("decode_steps"),
+                                          engine_first_ms=last.get("first_chunk_ms"),
+                                          engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
+
+                        async def measure_daemon(client: str, cached: bool) -> Sample:
+                            ttft, tpot, n, text, trace = await through_daemon(clients[client], messages, args.max_tokens)
+                            last = (await stats_client.get("/v1/lingcode/stats")).json()["engine"].get("last_request", {})
+                            return Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
+                                          last.get("decode_ms"), client=client, engine_steps=last.get("decode_steps"),
+                                          engine_first_ms=last.get("first_chunk_ms"),
+                                          engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
+
                         if label != workload:
-                            # A new input: each engine answers it once, unmeasured. In the round the daemon's
-                            # engine sees it four times, the direct one twice, and an engine's first two sights
-                            # of a prompt differ from the later ones (the n-gram drafter has no answer indexed
-                            # yet; the prefix store saves the first answer at the second). Primed, every
-                            # cached request, and every request's drafts, find each engine alike.
+                            # A new input: each engine answers it once first, unmeasured, so that every
+                            # measured request finds an answer to it indexed by the n-gram drafter.
                             await direct()
                             await through_daemon(clients["httpx"], messages, args.max_tokens)
-                        for side in sides[i % len(sides):] + sides[: i % len(sides)]:  # each goes first in turn
-                            for cached in (False, True):
-                                if side == "direct":
-                                    ttft, tpot, ids = await direct()
-                                    last = engine.stats()["last_request"] if engine is not None else {}
-                                    # the same pause before the next request as on the daemon's side, which asks
-                                    # the daemon for its stats: a few ms idle slow the next first step on the
-                                    # CPU (docs/engine-notes.md), so both sides take it
-                                    await stats_client.get("/v1/lingcode/stats")
-                                    sample = Sample(side, workload, speculation, cached, len(ids), ttft, tpot,
-                                                    info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
-                                                    engine_steps=last.get("decode_steps"),
-                                                    engine_first_ms=last.get("first_chunk_ms"),
-                                                    engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
-                                else:
-                                    ttft, tpot, n, text, trace = await through_daemon(clients[side], messages, args.max_tokens)
-                                    stats = (await stats_client.get("/v1/lingcode/stats")).json()["engine"]
-                                    last = stats.get("last_request", {})
-                                    sample = Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
-                                                    last.get("decode_ms"), client=side,
-                                                    engine_steps=last.get("decode_steps"),
-                                                    engine_first_ms=last.get("first_chunk_ms"),
-                                                    engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
-                                if i > 0:
-                                    samples.append(sample)
-                                print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
-                                      f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
-                                      f"({sample.tokens} tokens){'' if i else '  (warm-up)'}"
-                                      f"{'' if label == workload else '  ' + label}", flush=True)  # fmt: skip
+                        # Each daemon client against a direct pair of its own, next to it in the round: the
+                        # daemon's engine answers both clients, so the direct one answers as often, and each
+                        # request finds its engine as its counterpart finds the other (the drafter's counts
+                        # and the prefix store's saves follow how often an engine has seen a prompt). Who
+                        # goes first, client or direct, and which client, change round by round.
+                        order = list(clients)[i % 2:] + list(clients)[: i % 2]
+                        for client in order:
+                            for side in ("direct", client) if (i // 2) % 2 == 0 else (client, "direct"):
+                                for cached in (False, True):
+                                    sample = await (measure_direct(direct, cached, client) if side == "direct"
+                                                    else measure_daemon(client, cached))  # fmt: skip
+                                    if i > 0:
+                                        samples.append(sample)
+                                    print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
+                                          f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
+                                          f"({sample.tokens} tokens){'' if i else '  (warm-up)'}"
+                                          f"{'' if label == workload else '  ' + label}", flush=True)  # fmt: skip
                         for name, floor_client in floor_clients.items():
                             ttft, *_ = await through_daemon(floor_client, messages, args.max_tokens)
                             if i > 0:
@@ -513,10 +522,10 @@ def median_interval(values, rounds: int = 2000, seed: int = 0) -> tuple[float, f
 
 
 def inputs(samples: list[Sample]) -> dict[str, list[str]]:
-    """The inputs of the workloads that change each round, in round order (once per round)."""
+    """The inputs of the workloads that change each round, in round order (the floor's request: one a round)."""
     named: dict[str, list[str]] = {}
     for s in samples:
-        if s.side == "direct" and s.input != s.workload and s.speculation == samples[0].speculation and not s.cached:
+        if s.side == "floor" and s.client == CLIENTS[0] and s.input != s.workload and s.speculation == samples[0].speculation:
             named.setdefault(s.workload, []).append(s.input)
     return named
 
@@ -528,8 +537,8 @@ def summarize(samples: list[Sample]) -> list[dict]:
             group = [s for s in samples if s.speculation == speculation and s.workload == workload]
             if not group:
                 continue
-            direct = [s for s in group if s.side == "direct"]
-            for client in dict.fromkeys(s.client for s in group if s.side == "daemon"):
+            for client in sorted({s.client for s in group if s.side == "daemon"}, key=CLIENTS.index):
+                direct = [s for s in group if s.side == "direct" and s.client == client]  # its own counterparts
                 rows.append(_row(speculation, workload, client, direct,
                                  [s for s in group if s.side == "daemon" and s.client == client],
                                  _median(s.ttft_ms for s in group if s.side == "floor" and s.client == client)))  # fmt: skip
@@ -605,7 +614,7 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
                      f"{_fmt(r.get('engine_sleeps_per_token_daemon'), 2)} | {r['same_text']} |")  # fmt: skip
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
-              "direct request of its round, with its 95 % interval (bootstrap). The client floor is the same client "
+              "direct request paired with it, with its 95 % interval (bootstrap). The client floor is the same client "
               "and request against a server that answers at once (the HTTP client's own cost, which no server can "
               "remove). The engine's first chunk: "
               "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
