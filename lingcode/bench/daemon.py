@@ -5,8 +5,9 @@ The same requests go to the engine directly (in this process) and through a runn
 with and without drafts. Two real clients read the daemon: httpx (the openai and anthropic SDKs'
 transport) and aiohttp; their own cost differs by more than a millisecond a request, which is
 the client's, not the daemon's. Each client's requests are paired with direct ones of their own,
-next to them in the round, so that both engines answer as often. Each request is sent twice in a row, so the second
-one finds its prompt in the KV cache: the time to first token the daemon adds is read there.
+next to them in the round, so that both engines answer as often. Each request is sent twice in a
+row, so the second one finds its prompt in the KV cache: the time to first token the daemon adds is
+read there.
 Reported per workload and speculation mode (medians):
 
 - ms per output token, direct and through the daemon, and their ratio;
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -93,6 +95,7 @@ STDLIB_ASKS = ("Explain what this function does, step by step.", "Add type hints
                "Write pytest tests for this function.", "Find an edge case this function mishandles, and fix it.")  # fmt: skip
 
 
+@functools.cache
 def stdlib_functions() -> list[tuple[str, str]]:
     """(module.qualname, source) of the standard library's functions and methods of 300-2,500
     characters in STDLIB_MODULES, sorted by name."""
@@ -371,8 +374,9 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
     gguf = models.ensure(args.model)
     serve_env = dict(item.split("=", 1) for item in args.serve_env)
     workloads = [w for w in args.workload.split(",") if w] + (["prompts"] if args.prompts else [])
+    prompts = read_prompts(args.prompts) if args.prompts else []
     for workload in workloads:
-        workload_request(workload, 0, read_prompts(args.prompts) if args.prompts else [])  # unknown ones fail now
+        workload_request(workload, 0, prompts)  # an unknown one fails now, not after the engines load
     floor_port = _free_port()
     floor = subprocess.Popen([sys.executable, "-m", "lingcode.bench.daemon", str(floor_port)])
     floor_clients = _clients(f"http://127.0.0.1:{floor_port}", {"Authorization": "Bearer floor"})
@@ -383,15 +387,14 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
         except OSError:
             time.sleep(0.05)
     try:
-        return await _rounds(args, gguf, serve_env, workloads, floor_clients, samples)
+        return await _rounds(args, gguf, serve_env, workloads, prompts, floor_clients, samples)
     finally:
         await _close(floor_clients)
         floor.terminate()
 
 
-async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor_clients: dict,
-                  samples: list[Sample]) -> list[Sample]:  # fmt: skip
-    prompts = read_prompts(args.prompts) if args.prompts else []
+async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], prompts: list[tuple[str, list[dict]]],
+                  floor_clients: dict, samples: list[Sample]) -> list[Sample]:  # fmt: skip
     from lingcode.text.chat_template import render_chat
 
     for speculation in args.speculation.split(","):
@@ -444,7 +447,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                             return await direct_sglang(direct_client, input_ids, args.max_tokens, info.eos_token_ids,
                                                        info.context_length, args.sglang_stream == "incremental")  # fmt: skip
 
-                        async def measure_direct(direct, cached: bool, client: str) -> Sample:
+                        async def measure_direct(client: str, cached: bool) -> Sample:
                             ttft, tpot, ids = await direct()
                             last = engine.stats()["last_request"] if engine is not None else {}
                             # the same pause before the next request as on the daemon's side, which asks the
@@ -479,7 +482,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], floor
                         for client in order:
                             for side in ("direct", client) if (i // 2) % 2 == 0 else (client, "direct"):
                                 for cached in (False, True):
-                                    sample = await (measure_direct(direct, cached, client) if side == "direct"
+                                    sample = await (measure_direct(client, cached) if side == "direct"
                                                     else measure_daemon(client, cached))  # fmt: skip
                                     if i > 0:
                                         samples.append(sample)
@@ -644,7 +647,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=Path, default=None, metavar="FILE",
                         help='also your own requests: JSON Lines of {"messages": [...]}, one a round, in turn')  # fmt: skip
     parser.add_argument("--speculation", default="off,ngram", help="comma-separated speculation modes (local engine)")
-    parser.add_argument("--requests", type=int, default=3, help="measured requests per workload and side (default: 3)")
+    parser.add_argument("--requests", type=int, default=3,
+                        help="measured rounds per workload: in each, a cold and a cached request per client, "
+                             "and as many direct (default: 3)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request (ignore_eos; default: 256)")
     parser.add_argument("--step-ms", type=float, default=0.78, help="the SGLang stand-in's time per token (default: 0.78)")
     parser.add_argument("--sglang-stream", choices=["incremental", "cumulative"], default="incremental",
