@@ -465,10 +465,7 @@ class LocalEngine:
         restore = saved if shared >= live + MIN_SAVE_TOKENS else None
         # Either way (restored prefix or this request's own tokens) the cache keeps only its first
         # `live` positions: save it first if that loses most of it, never evicting what we restore.
-        # Not when the cache holds the whole prompt (a retry, a regenerated answer): what is lost is
-        # an answer to this same prompt, which this request replaces, and the copy would delay its
-        # first token (docs/engine-notes.md).
-        if live < len(ids) and self.kv_store.should_save(len(self._cached_ids), live):
+        if self.kv_store.should_save(len(self._cached_ids), live, len(ids)):
             self.kv_store.save(self._cached_ids, caches, keep=restore)
         if restore is not None:
             self.kv_store.restore(saved, shared, caches)

@@ -59,10 +59,13 @@ class PrefixStore:
                 best, best_n = key, n
         return best, best_n
 
-    def should_save(self, cached: int, reused: int) -> bool:
-        """Whether the cache, holding `cached` tokens of which a request reuses `reused`, is worth saving."""
+    def should_save(self, cached: int, reused: int, prompt: int) -> bool:
+        """Whether the cache, holding `cached` tokens of which a request of `prompt` tokens reuses
+        `reused`, is worth saving. Not when it holds the whole prompt (a retry, a regenerated answer):
+        what is lost is an answer to this same prompt, which the request replaces, and the copy would
+        delay its first token (docs/engine-notes.md)."""
         lost = cached - reused
-        return lost >= MIN_SAVE_TOKENS and lost >= reused
+        return reused < prompt and lost >= MIN_SAVE_TOKENS and lost >= reused
 
     def save(self, ids: list[int], caches: list, keep: tuple[int, ...] | None = None) -> None:
         """Copy the keys/values of ids (the first len(ids) positions of each layer's cache).
