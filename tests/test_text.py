@@ -44,6 +44,33 @@ def test_detokenizer_never_emits_half_a_character(engine):
     assert not any("\ufffd" in p for p in pieces)
 
 
+def test_token_bytes_decode_as_the_tokenizer_does(engine):
+    """The streaming detokenizer joins token_bytes: for every id, and for runs of ids that split
+    characters or are no UTF-8 at all, that must read as the tokenizer's own decode."""
+    import random
+
+    tok = engine.info.tokenizer
+    table = tok.token_bytes
+    assert table is not None and len(table) == tok.vocab_size  # the default model's decoder is byte-level
+    assert all(tok.decode([i]) == table[i].decode("utf-8", "replace") for i in range(tok.vocab_size))
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 12))]
+        assert b"".join(table[i] for i in ids).decode("utf-8", "replace") == tok.decode(ids)
+
+
+def test_detokenizer_streams_the_same_text_with_and_without_a_byte_table(engine):
+    tok = engine.info.tokenizer
+    ids = tok.encode("def f(x):\n    return x  # 🙂 漢字\n") + tok.encode("漢")[:2]  # ends in half a character
+    chunks = [ids[i : i + 3] for i in range(0, len(ids), 3)]
+    streams = []
+    for table in (tok.token_bytes, None):
+        detok = IncrementalDetokenizer(tok)
+        detok.pieces = table
+        streams.append("".join(detok.add(c) for c in chunks) + detok.flush())
+    assert streams[0] == streams[1] == tok.decode(ids)
+
+
 def test_detokenizer_skips_end_ids(engine):
     tok = engine.info.tokenizer
     detok = IncrementalDetokenizer(tok, skip_ids=frozenset({2}))

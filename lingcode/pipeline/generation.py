@@ -8,6 +8,7 @@ produced since the last one was read, so this work is done once per chunk, not o
 from __future__ import annotations
 
 import asyncio
+import codecs
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, replace
@@ -73,20 +74,27 @@ class TextCut(Protocol):
 
 # --- detokenizing ------------------------------------------------------------------------------
 # Byte-level BPE tokens can split a character (an emoji, a CJK character) across tokens. Decoding
-# token by token would emit U+FFFD replacement characters; instead a short window is decoded and
-# only text that no later token can change is emitted.
+# token by token would emit U+FFFD replacement characters; instead only text that no later token
+# can change is emitted. Where the tokenizer's decoder is byte-level, a chunk's token bytes go
+# through an incremental UTF-8 decoder, which holds back a partial character: work in proportion
+# to the chunk. Otherwise a short window is decoded twice, and text emitted once it is whole.
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, skip_ids: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
         self.skip_ids = skip_ids  # e.g. the eos token: ends the text, is not part of it
-        self.ids: list[int] = []
+        self.pieces = tokenizer.token_bytes
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.ids: list[int] = []  # the window (no byte table)
         self.prefix_offset = 0  # ids[prefix_offset:read_offset] are context already emitted
         self.read_offset = 0
 
     def add(self, token_ids: list[int]) -> str:
         """Feed new ids, get the text they completed ("" while a character is still partial)."""
+        if self.pieces is not None:
+            pieces, skip = self.pieces, self.skip_ids
+            return self.utf8.decode(b"".join([pieces[t] for t in token_ids if t not in skip]))
         self.ids.extend(t for t in token_ids if t not in self.skip_ids)
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
         text = self.tokenizer.decode(self.ids[self.prefix_offset :])
@@ -98,6 +106,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """At the end of a generation: whatever is left, replacement characters and all."""
+        if self.pieces is not None:
+            return self.utf8.decode(b"", final=True)
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
         text = self.tokenizer.decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)

@@ -6,6 +6,7 @@ Hugging Face directory carries tokenizer.json. Either way nothing is fetched fro
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import OrderedDict
@@ -23,6 +24,18 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+
+def _byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet backwards, as a str.translate table: each of its 256 characters
+    to the byte it stands for (as a latin-1 character), and every other character below 256 to one
+    that latin-1 cannot encode, so that a token holding one fails (see token_bytes)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    table = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in table)
+    table.update({256 + n: chr(b) for n, b in enumerate(shifted)})
+    table.update({c: "\U0010ffff" for c in range(256) if c not in printable})
+    return table
 
 
 def _pre_tokenizer(pre: str):
@@ -131,6 +144,22 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @functools.cached_property
+    def token_bytes(self) -> list[bytes] | None:
+        """Each id's bytes, where the tokenizer's decoder is byte-level (GPT-2's): decoding ids is
+        then their bytes joined, read as UTF-8, which a stream can do a chunk at a time without
+        decoding a window again (lingcode.pipeline.generation). None for any other decoder."""
+        if not isinstance(self.hf.decoder, decoders.ByteLevel):
+            return None
+        chars = _byte_level_chars()
+        table = [b""] * self.vocab_size
+        for token, i in self.hf.get_vocab(with_added_tokens=True).items():
+            try:
+                table[i] = token.translate(chars).encode("latin-1")
+            except UnicodeEncodeError:  # not all in the alphabet: the decoder takes the token's own text
+                table[i] = token.encode()
+        return table
 
     def token_to_id(self, token: str) -> int | None:
         return self.hf.token_to_id(token)

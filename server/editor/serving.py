@@ -76,7 +76,10 @@ class EditorServing(Serving):
         self._cuts: dict[str, int] = {}
         # The tokens whose text holds a newline: a single-line suggestion ends with the first one.
         tok = self.info.tokenizer
-        self._newline_ids = frozenset(i for i in range(tok.vocab_size) if "\n" in tok.decode([i]))
+        if (pieces := tok.token_bytes) is not None:
+            self._newline_ids = frozenset(i for i, piece in enumerate(pieces) if b"\n" in piece)
+        else:
+            self._newline_ids = frozenset(i for i in range(tok.vocab_size) if "\n" in tok.decode([i]))
 
     def stats(self) -> dict:
         return {**self._counters, "cuts": dict(self._cuts)}
