@@ -111,8 +111,10 @@ class Scheduler:
                         generated += chunk.token_ids
                         finished = chunk.finish_reason not in (None, "abort")
                         # Usage describes the request as its client sent it, however many segments ran.
+                        # (The chunk is this stream's own: set in place, not copied, once per chunk.)
+                        chunk.prompt_tokens, chunk.cached_tokens = len(input_ids), cached
                         try:
-                            yield dataclasses.replace(chunk, prompt_tokens=len(input_ids), cached_tokens=cached)
+                            yield chunk
                         except GeneratorExit:  # the consumer is done with it (a cut, a stop string, a disconnect):
                             self._forget(latest_wins, request_id)  # what comes next does not supersede it
                             raise
