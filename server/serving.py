@@ -31,7 +31,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -291,23 +291,37 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`; if the client disconnects first, cancel it, wait for its cleanup, raise ClientGone."""
-    task = asyncio.ensure_future(work)
+async def until_disconnected(request: Request, work: Coroutine[object, object, T]) -> T:
+    """Await `work`; if the client disconnects first, cancel it, wait for its cleanup, raise ClientGone.
+
+    The work runs in the caller's own task, which a watcher task cancels if the client leaves: one
+    task and no asyncio.wait per request, and nothing of the loop's runs once the work has handed
+    the engine its request (the watcher starts first)."""
+    current = asyncio.current_task()
+    finished = left = False
+
+    def on_gone(watcher: asyncio.Future) -> None:
+        nonlocal left
+        # a callback already queued when the work finished must not cancel what the caller does next
+        if not finished and not watcher.cancelled() and watcher.exception() is None:
+            left = True
+            current.cancel()
+
     watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(on_gone)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finished_first = task.done()
+        await asyncio.sleep(0)  # the watcher takes its place before the work starts
+        return await work
+    except BaseException:
+        if not left:
+            raise
+        current.uncancel()
+        raise ClientGone() from None  # the work's own error, if any, has nobody to go to
     finally:
+        finished = True
+        watcher.remove_done_callback(on_gone)
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})  # its finally blocks abort the request; wait for them
-    if not finished_first:
-        if not task.cancelled():
-            task.exception()  # retrieved: nobody is left to report it to
-        raise ClientGone()
-    return task.result()
+        work.close()  # a no-op once it ran; a client gone before it started: closed unstarted
 
 
 async def aclose(iterator: AsyncIterator) -> None:
