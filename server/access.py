@@ -78,12 +78,18 @@ class AccessGuard:
         self.app = app
         self.allowed_hosts = frozenset(name for h in allowed_hosts if (name := host_name(h)) is not None)
         self.allowed_origins = frozenset(normalize_origin(o) for o in allowed_origins)
+        self._seen: dict[str, bool] = {}  # Host header -> allowed
 
     def host_allowed(self, host_header: str | None) -> bool:
         if not host_header:
             return False
-        name = host_name(host_header)
-        return name is not None and (is_loopback_host(name) or name in self.allowed_hosts)
+        allowed = self._seen.get(host_header)
+        if allowed is None:  # a client sends the same Host every time: judged once (~50 us, ipaddress's)
+            name = host_name(host_header)
+            allowed = name is not None and (is_loopback_host(name) or name in self.allowed_hosts)
+            if len(self._seen) < 64:
+                self._seen[host_header] = allowed
+        return allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

@@ -51,7 +51,10 @@ def create_app(
     """allowed_hosts / allowed_origins: Host names and browser origins served besides loopback ones
     (server/access.py); unix_socket: the path of the daemon's own socket, whose clients need no token."""
     # No /docs: /openapi.json (behind the token) is for tools; every other path that is not a route is a 404.
-    app = FastAPI(title="lingcode", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    # No OpenTelemetry: the daemon has its own metrics, and FastAPI would otherwise ask for OTel's
+    # providers on every request.
+    app = FastAPI(title="lingcode", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.openapi = functools.partial(openapi.document, app, OPEN_PATHS)
     errors.install(app)
     app.add_middleware(TokenAuth, token=token, unix_socket=unix_socket)
@@ -61,6 +64,13 @@ def create_app(
     app.add_middleware(AccessGuard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
     app.add_middleware(RequestObserver, routes=app.router.routes)
     sessions = SessionStore(session_idle_s)
+    served = (scheduler, info, model_id, max_body_bytes)
+    editor = EditorServing(*served)
+    # The APIs first: a request is matched against the routes in order, by the router and for its
+    # metrics label, and the editor's keystrokes and agents' turns are the requests that wait.
+    for serving in (editor, ChatServing(*served), MessagesServing(*served), ResponsesServing(*served),
+                    CompletionsServing(*served), SessionsServing(*served, store=sessions)):  # fmt: skip
+        serving.install(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> dict:  # Claude Code sends HEAD / when it starts
@@ -84,16 +94,10 @@ def create_app(
                                   param="model", code="model_not_found")  # fmt: skip
         return model
 
-    served = (scheduler, info, model_id, max_body_bytes)
-    editor = EditorServing(*served)
-
     @app.get("/v1/lingcode/stats")
     async def stats() -> dict:
         return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": editor.stats(),
                 "sessions": sessions.stats()}
 
     add_metrics_route(app, scheduler)
-    for serving in (ChatServing(*served), CompletionsServing(*served), editor, SessionsServing(*served, store=sessions),
-                    MessagesServing(*served), ResponsesServing(*served)):  # fmt: skip
-        serving.install(app)
     return app
