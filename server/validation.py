@@ -125,8 +125,14 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
         raise invalid(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise invalid("the request body is nested too deeply") from None
-    _check_text(data)
+    if b"\0" in body or _SURROGATE.search(body):  # only then can a string hold one (a bytes scan, not a walk)
+        _check_text(data)
     return data
+
+
+# Where a UTF-8 body can carry a surrogate: a \uD800-\uDFFF escape, or the bytes that would encode
+# one (json.loads decodes with "surrogatepass"). A body with NUL bytes is UTF-16 or -32: walked always.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 def _not_json(constant: str) -> None:

@@ -149,6 +149,8 @@ def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in
         (b'{"prompt": "hi", "max_tokens": 2, "top_p": Infinity}', "Infinity is not a JSON number"),
         (b'{"prompt": "\\ud800 hi", "max_tokens": 2}', "lone UTF-16 surrogate"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "\\udfff": 1}', "lone UTF-16 surrogate"),
+        (b'{"prompt": "\xed\xa0\x80 hi", "max_tokens": 2}', "lone UTF-16 surrogate"),  # its UTF-8 bytes, unescaped
+        ('{"prompt": "\\uD800 hi", "max_tokens": 2}'.encode("utf-16"), "lone UTF-16 surrogate"),  # a UTF-16 body
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ],
 )
