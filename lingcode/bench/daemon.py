@@ -430,7 +430,18 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                 if args.kernels != "auto":
                     serve_args += ["--kernels", args.kernels]
                 daemon = Daemon(serve_args, home, serve_env)
-                engine = load_engine(gguf, device=args.device, speculation=speculation, kernels=args.kernels)
+                # From the daemon's home: its prepared model and the step costs its engine measured at
+                # load. The drafter picks its draft length from those costs, so the two engines draft
+                # alike only with the same ones (from homes of their own they took 17 and 28 steps).
+                previous_home = os.environ.get("LINGCODE_HOME")
+                os.environ["LINGCODE_HOME"] = str(home)
+                try:
+                    engine = load_engine(gguf, device=args.device, speculation=speculation, kernels=args.kernels)
+                finally:
+                    if previous_home is None:
+                        del os.environ["LINGCODE_HOME"]
+                    else:
+                        os.environ["LINGCODE_HOME"] = previous_home
                 info = engine.info
             clients = _clients(daemon.url, {"Authorization": f"Bearer {daemon.token}"})
             stats_client = clients["httpx"]
@@ -585,6 +596,9 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
                                                   if s.engine_sleeps is not None and s.tokens),
         "engine_sleeps_per_token_daemon": _median(s.engine_sleeps / s.tokens for s in daemon
                                                   if s.engine_sleeps is not None and s.tokens),
+        # the same drafting on both sides: a daemon engine that drafted otherwise takes other steps
+        "engine_steps_direct": _median(s.engine_steps for s in direct),
+        "engine_steps_daemon": _median(s.engine_steps for s in daemon),
         "engine_yields_per_token_direct": _median(s.engine_yields / s.tokens for s in direct
                                                   if s.engine_yields is not None and s.tokens),
         "engine_yields_per_token_daemon": _median(s.engine_yields / s.tokens for s in daemon
@@ -610,8 +624,9 @@ def markdown(report: dict) -> str:
              "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
              "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | "
-             "barrier yields a token, direct / daemon | barrier sleeps a token, direct / daemon | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "decode steps, direct / daemon | barrier yields a token, direct / daemon | "
+             "barrier sleeps a token, direct / daemon | same text |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
                      f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
@@ -621,6 +636,7 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
                      f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
+                     f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
                      f"{_fmt(r.get('engine_yields_per_token_direct'), 2)} / "
                      f"{_fmt(r.get('engine_yields_per_token_daemon'), 2)} | "
                      f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
