@@ -783,7 +783,7 @@ class Pool {
       const uint32_t now = word.load(std::memory_order_acquire);
       if (now != old) {
         yields_.fetch_add(1, std::memory_order_relaxed);
-        adapt(spin, clock_ns() - spun_until);
+        spin.budget = std::max(LEAST_SPIN_NS, spin.budget / 2);  // as after a sleep: not catchable by spinning
         placed();
         return now;
       }
@@ -801,17 +801,12 @@ class Pool {
     }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
     placed();
-    // How long after our spin ended the partner published (<= 0: before we slept, or an older publish)
-    adapt(spin, published_at_.load(std::memory_order_acquire) - spun_until);
-    return now;
-  }
-
-  // A wait that outlasted the spin, its partner `late` ns after the spin ended: within the rest of a
-  // full budget (and a margin), spinning would have caught it, and the budget doubles; else it halves.
-  // (Halving after every such wait left the budget at its floor: then nearly every barrier yielded.)
-  static void adapt(Spin& spin, int64_t late) {
+    // How long after our spin ended the partner published (<= 0: before we slept, or an older
+    // publish); within the rest of a full budget (and a margin), spinning would have caught it.
+    const int64_t late = published_at_.load(std::memory_order_acquire) - spun_until;
     const bool catchable = late < (spin.most - spin.budget) * 6 / 5;
     spin.budget = catchable ? std::min(spin.most, 2 * spin.budget) : std::max(LEAST_SPIN_NS, spin.budget / 2);
+    return now;
   }
 
   void resize(int n) {
