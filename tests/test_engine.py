@@ -124,11 +124,10 @@ async def test_the_engine_times_its_own_first_chunk(engine):
     assert last["prefill_ms"] <= last["first_chunk_ms"] <= first
 
 
-async def test_the_engine_counts_its_cpu_steps_barrier_waits(engine):
-    """last_request.barrier_yields and barrier_sleeps: how often the native CPU step's threads
-    waited for each other past their spin during the request, yielding their core, then sleeping.
-    With every core taken by other work they must (a partner preempted mid-step), and a partner
-    gone for a whole timeslice outlasts the yielding; lingcode bench daemon reports both a token."""
+async def test_the_engine_counts_its_cpu_steps_barrier_sleeps(engine):
+    """last_request.barrier_sleeps: how often the native CPU step's threads slept waiting for each
+    other during the request. With every core taken by other work they must (a partner preempted
+    mid-step); lingcode bench daemon reports it a token, direct against through the daemon."""
     import os
     import subprocess
     import sys
@@ -146,8 +145,7 @@ async def test_the_engine_counts_its_cpu_steps_barrier_waits(engine):
         for process in busy:
             process.kill()
             process.wait()
-    last = engine.stats()["last_request"]
-    assert last["barrier_yields"] > 0 and last["barrier_sleeps"] > 0
+    assert engine.stats()["last_request"]["barrier_sleeps"] > 0
 
 
 async def test_abort_frees_the_engine_within_a_step(engine):

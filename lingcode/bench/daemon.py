@@ -171,7 +171,6 @@ class Sample:
     engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
     input: str = ""  # the workload's input this round (stdlib: the function; prompts: the file's line)
     engine_sleeps: int | None = None  # the native CPU step's barrier sleeps in this request (last_request)
-    engine_yields: int | None = None  # ... and its waits that ended while yielding, before a sleep
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -470,8 +469,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                                           info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
                                           client=client, engine_steps=last.get("decode_steps"),
                                           engine_first_ms=last.get("first_chunk_ms"),
-                                          engine_sleeps=last.get("barrier_sleeps"),
-                                          engine_yields=last.get("barrier_yields"), input=label)  # fmt: skip
+                                          engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
 
                         async def measure_daemon(client: str, cached: bool) -> Sample:
                             ttft, tpot, n, text, trace = await through_daemon(clients[client], messages, args.max_tokens)
@@ -479,8 +477,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                             return Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
                                           last.get("decode_ms"), client=client, engine_steps=last.get("decode_steps"),
                                           engine_first_ms=last.get("first_chunk_ms"),
-                                          engine_sleeps=last.get("barrier_sleeps"),
-                                          engine_yields=last.get("barrier_yields"), input=label)  # fmt: skip
+                                          engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
 
                         if label != workload:
                             # A new input: each engine answers it once first, unmeasured, so that every
@@ -599,10 +596,6 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         # the same drafting on both sides: a daemon engine that drafted otherwise takes other steps
         "engine_steps_direct": _median(s.engine_steps for s in direct),
         "engine_steps_daemon": _median(s.engine_steps for s in daemon),
-        "engine_yields_per_token_direct": _median(s.engine_yields / s.tokens for s in direct
-                                                  if s.engine_yields is not None and s.tokens),
-        "engine_yields_per_token_daemon": _median(s.engine_yields / s.tokens for s in daemon
-                                                  if s.engine_yields is not None and s.tokens),
         "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
         "trace_cached_ms": trace,
     }  # fmt: skip
@@ -624,9 +617,8 @@ def markdown(report: dict) -> str:
              "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
              "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | "
-             "decode steps, direct / daemon | barrier yields a token, direct / daemon | "
-             "barrier sleeps a token, direct / daemon | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "decode steps, direct / daemon | barrier sleeps a token, direct / daemon | same text |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
                      f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
@@ -637,8 +629,6 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
                      f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
                      f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
-                     f"{_fmt(r.get('engine_yields_per_token_direct'), 2)} / "
-                     f"{_fmt(r.get('engine_yields_per_token_daemon'), 2)} | "
                      f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
                      f"{_fmt(r.get('engine_sleeps_per_token_daemon'), 2)} | {r['same_text']} |")  # fmt: skip
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
@@ -647,9 +637,8 @@ def markdown(report: dict) -> str:
               "remove). The engine's first chunk: "
               "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
               "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets). "
-              "Barrier yields and sleeps: how often the native CPU step's threads waited for each other past "
-              "their spin (a partner's core taken by other work), per token: yielding their core until the "
-              "partner came, or then asleep.", "",
+              "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "
+              "core taken by other work), per token.", "",
               "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians; `until_*` from "
               "the request's arrival, the rest summed over the request):", ""]  # fmt: skip
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})

@@ -702,7 +702,6 @@ inline void wake_all(std::atomic<uint32_t>& word) { word.notify_all(); }
 #endif
 
 constexpr int64_t LEAST_SPIN_NS = 500;
-constexpr int64_t YIELD_NS = 2'000'000;  // yielding, past the spin, before a wait sleeps
 thread_local Spin barrier_spin{66'000, 66'000};
 thread_local Spin idle_spin{660'000, 660'000};  // between steps, while the caller runs a little Python
 
@@ -736,8 +735,6 @@ class Pool {
 
   // How many times a wait went to sleep (tests: the sleeping path ran).
   uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
-  // Waits that ended while yielding, past the spin and before a sleep (a partner's core was taken).
-  uint64_t yields() const { return yields_.load(std::memory_order_relaxed); }
   // Sleeps that timed out although the word had changed (a wake-up lost): 0 unless something is wrong.
   uint64_t lost_wakes() const { return lost_wakes_.load(std::memory_order_relaxed); }
 
@@ -774,33 +771,21 @@ class Pool {
         if (t >= spun_until) break;
       }
     }
-    // Past the spin, the partner is not running: its core was taken (by the daemon's loop, a client,
-    // or the VM's host). Yield this core to whoever wants it, for up to YIELD_NS, before sleeping:
-    // a thread asleep lets its vCPU halt, and waking a halted vCPU costs 50-200 us on a VM, at each
-    // of the next barriers too, while the budget recovers (docs/engine-notes.md).
-    int64_t slept_from = spun_until;
-    for (const int64_t until = spun_until + YIELD_NS;;) {
-      const uint32_t now = word.load(std::memory_order_acquire);
-      if (now != old) {
-        yields_.fetch_add(1, std::memory_order_relaxed);
-        spin.budget = std::max(LEAST_SPIN_NS, spin.budget / 2);  // as after a sleep: not catchable by spinning
-        placed();
-        return now;
-      }
-      sched_yield();
-      if ((slept_from = clock_ns()) >= until) break;
-    }
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     uint32_t now;
     while ((now = word.load(std::memory_order_seq_cst)) == old) {
       sleeps_.fetch_add(1, std::memory_order_relaxed);
       if (sleep_while(word, old) && word.load(std::memory_order_seq_cst) != old &&
-          published_at_.load(std::memory_order_acquire) < slept_from) {
+          published_at_.load(std::memory_order_acquire) < spun_until) {
         lost_wakes_.fetch_add(1, std::memory_order_relaxed);  // changed, and nobody woke us
       }
     }
     sleepers_.fetch_sub(1, std::memory_order_seq_cst);
-    placed();
+    if (helper_) {
+      step_aside();
+    } else {
+      caller_cpu_.store(current_cpu(), std::memory_order_relaxed);  // a wake-up may have moved it
+    }
     // How long after our spin ended the partner published (<= 0: before we slept, or an older
     // publish); within the rest of a full budget (and a margin), spinning would have caught it.
     const int64_t late = published_at_.load(std::memory_order_acquire) - spun_until;
@@ -831,16 +816,6 @@ class Pool {
 #else
     return -1;
 #endif
-  }
-
-  // After a long wait (the kernel may have moved a thread): a helper on the caller's CPU steps aside,
-  // the caller notes where it is.
-  void placed() {
-    if (helper_) {
-      step_aside();
-    } else {
-      caller_cpu_.store(current_cpu(), std::memory_order_relaxed);
-    }
   }
 
   void step_aside() {
@@ -874,7 +849,7 @@ class Pool {
   const std::function<void(int, int)>* task_ = nullptr;
   std::atomic<uint32_t> epoch_{0}, generation_{0}, running_{0};
   std::atomic<int> arrived_{0}, sleepers_{0};
-  std::atomic<uint64_t> sleeps_{0}, yields_{0}, lost_wakes_{0};
+  std::atomic<uint64_t> sleeps_{0}, lost_wakes_{0};
   std::atomic<int64_t> published_at_{0};  // when a sleeper was last woken (steady clock, ns)
   std::atomic<int> caller_cpu_{-1};        // where run()'s caller was when the step began
   std::atomic<bool> stop_{false};
@@ -932,7 +907,6 @@ class Step {
   }
 
   uint64_t sleeps() const { return pool_.sleeps(); }
-  uint64_t yields() const { return pool_.yields(); }
   uint64_t lost_wakes() const { return pool_.lost_wakes(); }
 
   // Feed tokens [T] (int64) at positions start..start+T-1 through the first n_layers layers (all
@@ -1118,7 +1092,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &Step::add_layer)
       .def("weight_bytes", &Step::weight_bytes)
       .def("sleeps", &Step::sleeps)
-      .def("yields", &Step::yields)
       .def("lost_wakes", &Step::lost_wakes)
       .def("forward", &Step::forward, py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
            py::arg("n_layers") = -1, py::call_guard<py::gil_scoped_release>());

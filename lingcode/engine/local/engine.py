@@ -71,8 +71,7 @@ class _Run:
     from_prefill: int = 1  # the first token came from the prefill's logits, not from a counted step
     prefill_ms: float = 0.0
     first_chunk_ms: float | None = None  # from admission to the first chunk handed to emit
-    barrier_sleeps: int | None = None  # the CPU step's counts when the request began (None: not that step)
-    barrier_yields: int | None = None
+    barrier_sleeps: int | None = None  # the CPU step's count when the request began (None: not that step)
 
 
 class LocalEngine:
@@ -274,7 +273,7 @@ class LocalEngine:
         _time_first_chunk(run)
         if run.drafter is not None:
             run.drafter.start(ids)
-        run.barrier_sleeps, run.barrier_yields = self._barrier_waits()
+        run.barrier_sleeps = self._barrier_sleeps()
         t0 = time.perf_counter()
         logits, tail = self._prefill(run)
         if req.aborted.is_set():
@@ -384,22 +383,14 @@ class LocalEngine:
             "draft_tokens": run.drafted, "accepted_draft_tokens": run.accepted,
             "accept_length": round((generated - 1) / steps, 3) if steps else None,
             "first_chunk_ms": None if run.first_chunk_ms is None else round(run.first_chunk_ms, 3),
-            **self._barrier_waits_since(run),
+            "barrier_sleeps": None if run.barrier_sleeps is None else self._barrier_sleeps() - run.barrier_sleeps,
         }  # fmt: skip
 
-    def _barrier_waits(self) -> tuple[int | None, int | None]:
-        """How often the native CPU step's threads have waited past their spin at a barrier, a
-        partner late, its core taken by other work (the daemon's loop, a client, the VM's host):
-        (slept, yielded until it came). None for other steps."""
-        if getattr(self.step, "sleeps", None) is None:
-            return None, None
-        return self.step.sleeps(), self.step.yields()
-
-    def _barrier_waits_since(self, run: "_Run") -> dict:
-        if run.barrier_sleeps is None:
-            return {"barrier_sleeps": None, "barrier_yields": None}
-        sleeps, yields = self._barrier_waits()
-        return {"barrier_sleeps": sleeps - run.barrier_sleeps, "barrier_yields": yields - run.barrier_yields}
+    def _barrier_sleeps(self) -> int | None:
+        """How often the native CPU step's threads have slept at a barrier: a partner came late,
+        its core taken by other work (the daemon's loop, a client). None for other steps."""
+        sleeps = getattr(self.step, "sleeps", None)
+        return None if sleeps is None else sleeps()
 
     def _pipelined_loop(self, run: _Run, logits: torch.Tensor) -> str:
         """Plain decoding on the GPU with no host wait on the critical path.

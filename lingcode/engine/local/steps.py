@@ -122,10 +122,6 @@ class NativeCpuStep:
         """How many times a thread of the step's pool went to sleep waiting (engine stats)."""
         return self.native.sleeps()
 
-    def yields(self) -> int:
-        """How many waits ended while their thread yielded its core, past the spin (engine stats)."""
-        return self.native.yields()
-
     def draft_room(self, pos: int, fed: int) -> int:
         return max(0, min(NATIVE_WIDTHS, self.max_len - pos) - fed)
 
