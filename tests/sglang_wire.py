@@ -75,6 +75,7 @@ class Replay:
         self.requests: list[dict] = []  # /generate bodies, in arrival order
         self.auth: list[str | None] = []  # the Authorization header of each /generate
         self.aborts: list[str] = []
+        self.connections = 0  # TCP connections accepted (the adapter's pool should reuse one)
         self.aborted = threading.Event()
         self.healthy = True
         self.server_info = {"version": "0.5.23", "context_length": 131072, "max_req_input_len": 131066,
@@ -84,6 +85,10 @@ class Replay:
 def handler(replay: Replay) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            replay.connections += 1
 
         def log_message(self, *args) -> None:
             pass

@@ -155,6 +155,24 @@ async def test_generate_text_reports_accept_length_in_timings(replay, model_dir)
     await engine.close()
 
 
+async def test_requests_that_end_reuse_one_connection(replay, model_dir):
+    """The pipeline stops reading at the finish event; SGLang's `[DONE]` after it is read in the
+    background, so the connection goes back to the pool instead of being closed (and reopened by the
+    next request, before its first token)."""
+    engine = make_engine(replay, model_dir)
+    for n in range(3):
+        chunks = [c async for c in generate_text(Scheduler(engine), engine.info.tokenizer, f"r{n}", [1, 2, 3], GREEDY)]
+        assert chunks[-1].finish_reason == "stop" and chunks[-1].usage.completion_tokens == len(wire.DSPARK_TOKENS)
+        assert engine.stats()["draining"] == 1  # the answer came before the stream's end did
+        for _ in range(500):
+            if not engine.stats()["draining"]:
+                break
+            await asyncio.sleep(0.01)
+    assert len(replay.requests) == 3 and replay.aborts == []
+    assert replay.connections == 1
+    await engine.close()
+
+
 async def test_abort_ends_the_stream_within_a_step(replay, model_dir):
     replay.generate = lambda rid, body: "endless"
     engine = make_engine(replay, model_dir)

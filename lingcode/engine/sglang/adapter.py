@@ -154,6 +154,21 @@ async def _http_error(response: aiohttp.ClientResponse) -> EngineError | Context
 
 # What a request to SGLang raises when the server is not there (or went away mid-stream).
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+DRAIN_TIMEOUT_S = 5.0  # a finished stream's rest (`[DONE]`) comes at once; a server that holds it loses the connection
+
+
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read a finished stream to its end, then put its connection back in the pool."""
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT_S):
+            await response.content.read()
+    except TRANSPORT_ERRORS:
+        response.close()
+    except asyncio.CancelledError:
+        response.close()
+        raise
+    else:
+        response.release()
 
 
 class SGLangEngine:
@@ -177,6 +192,7 @@ class SGLangEngine:
              "generated_tokens"), 0,
         )  # fmt: skip
         self._last: dict = {}
+        self._drains: set[asyncio.Task] = set()  # streams read to their end in the background
 
     async def generate(self, request_id: str, input_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenChunk]:
         if not input_ids:
@@ -197,22 +213,23 @@ class SGLangEngine:
         self._rids[request_id] = rid
         self._counters["requests"] += 1
         started, first_at, finish, failed = time.perf_counter(), None, None, False
+        response = None
         try:
-            async with self._http().post(f"{self.url}/generate", json=body) as response:
-                if response.status != 200:
-                    raise await _http_error(response)
-                async for data in response.content.iter_any():
-                    chunk = decoder.feed_bytes(data)
-                    if chunk is None:
-                        if decoder.done:
-                            break
-                        continue
-                    if first_at is None and chunk.token_ids:
-                        first_at = time.perf_counter()
-                    finish = chunk.finish_reason
-                    yield chunk
-                    if finish is not None:
+            response = await self._http().post(f"{self.url}/generate", json=body)
+            if response.status != 200:
+                raise await _http_error(response)
+            async for data in response.content.iter_any():
+                chunk = decoder.feed_bytes(data)
+                if chunk is None:
+                    if decoder.done:
                         break
+                    continue
+                if first_at is None and chunk.token_ids:
+                    first_at = time.perf_counter()
+                finish = chunk.finish_reason
+                yield chunk
+                if finish is not None:
+                    break
             if finish is None:
                 raise EngineError("SGLang ended the stream without a finish reason")
         except TRANSPORT_ERRORS as exc:
@@ -226,9 +243,25 @@ class SGLangEngine:
             raise
         finally:
             self._rids.pop(request_id, None)
+            if response is not None:
+                self._finish_response(response, ended=finish is not None and not failed)
             if finish is None:  # the client left, or it failed: free SGLang's slot at once
                 await self._abort_rid(rid)
             self._record(rid, decoder, finish, failed, started, first_at)
+
+    def _finish_response(self, response: aiohttp.ClientResponse, ended: bool) -> None:
+        """Give the connection back. A stream read to its finish event still holds SGLang's `[DONE]`:
+        aiohttp closes a half-read response's connection, and the next request would open another
+        before its first token, so the rest is read in the background instead (the caller, which
+        stops reading at the finish event, waits for none of it)."""
+        if not ended:
+            response.close()
+        elif response.content.at_eof():
+            response.release()
+        else:
+            task = asyncio.get_running_loop().create_task(_drain(response))
+            self._drains.add(task)
+            task.add_done_callback(self._drains.discard)
 
     async def abort(self, request_id: str) -> None:
         rid = self._rids.get(request_id)
@@ -271,10 +304,12 @@ class SGLangEngine:
         }  # fmt: skip
 
     def stats(self) -> dict:
-        return {**self._counters, "running": list(self._rids), "url": self.url, "last_request": dict(self._last),
-                "server": self._status()}  # fmt: skip
+        return {**self._counters, "running": list(self._rids), "draining": len(self._drains), "url": self.url,
+                "last_request": dict(self._last), "server": self._status()}  # fmt: skip
 
     async def close(self) -> None:
+        for task in list(self._drains):
+            task.cancel()
         if self._session is not None:
             await self._session.close()
         if self._on_close is not None:
