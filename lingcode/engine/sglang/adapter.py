@@ -244,7 +244,7 @@ class SGLangEngine:
         finally:
             self._rids.pop(request_id, None)
             if response is not None:
-                self._finish_response(response, ended=finish is not None and not failed)
+                self._finish_response(response, ended=finish is not None)  # a failure leaves finish None
             if finish is None:  # the client left, or it failed: free SGLang's slot at once
                 await self._abort_rid(rid)
             self._record(rid, decoder, finish, failed, started, first_at)
