@@ -3,7 +3,10 @@
 On the real engine: a long prompt A, an unrelated prompt B that overwrites the cache, then A
 extended: A's prefix is restored, so only the extension is prefilled, and the tokens generated
 are the same as without the interruption. On real KV caches: the store stays under its byte
-budget, dropping the least recently used, and a prefix that a newer one extends.
+budget, dropping the least recently used, and a prefix that a newer one extends. And the engine's
+own prefix rule (LocalEngine._reuse_prefix) over caches whose every position says which prefix it
+belongs to: whatever requests come, a saved entry's positions (copied or still resident) and the
+live cache hold what they claim to.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lingcode.engine import SamplingParams
+from lingcode.engine.local.engine import LocalEngine
 from lingcode.engine.local.kv_store import PrefixStore, common_prefix
 from lingcode.engine.local.model import KVCache
 
@@ -150,3 +154,90 @@ def test_common_prefix_counts_the_shared_start_of_lists_and_tuples(a, keep, tail
         shared += 1
     assert common_prefix(tuple(a) if as_tuple else a, b) == shared
     assert common_prefix(b, tuple(a) if as_tuple else a) == shared
+
+
+async def test_a_short_request_copies_only_what_it_overwrites(engine):
+    """A completion between two turns of a long conversation: the conversation is saved, but only the
+    positions the completion can write are copied before its first step; the rest stays in place,
+    and the next turn restores the conversation with the same answer as from an empty cache."""
+    encode = engine.info.tokenizer.encode
+    conversation = encode("An agent conversation about caching layers, eviction and write-back. " * 30)
+    completion = encode("def area(r):\n    return")
+    extension = encode(" Which eviction policy fits a CDN?")
+    engine.kv_store.clear()
+    await generate(engine, "rt-1", conversation)
+    before = engine.stats()["kv_store"]
+    await generate(engine, "rt-2", completion)
+    after = engine.stats()["kv_store"]
+    reach = len(completion) + GREEDY.max_tokens + max(engine.step.widths)
+    assert after["saves"] == before["saves"] + 1
+    assert after["copied_tokens"] - before["copied_tokens"] == reach  # not the conversation's ~500
+    assert after["resident_tokens"] >= len(conversation) - reach
+    answer = await generate(engine, "rt-3", conversation + extension)
+    assert engine.stats()["last_request"]["cached_tokens"] >= len(conversation)
+    engine.kv_store.clear()
+    await generate(engine, "rt-4", encode("Unrelated: " * 40))
+    engine.kv_store.clear()
+    assert await generate(engine, "rt-5", conversation + extension) == answer
+    assert engine.stats()["last_request"]["cached_tokens"] == 0
+
+
+class _Layer:
+    def __init__(self, cache):
+        self.attn = type("Attn", (), {"kv_cache": cache})()
+
+
+class _Engine:
+    """What LocalEngine._reuse_prefix reads: the live cache's tokens, the caches, the store."""
+
+    def __init__(self, max_len: int, max_bytes: int):
+        self.layers = [KVCache(max_len, 1, 1, torch.float64, torch.device("cpu")) for _ in range(2)]
+        self.model = type("Model", (), {"layers": [_Layer(c) for c in self.layers]})()
+        self.kv_store = PrefixStore(max_bytes)
+        self._cached_ids: list[int] = []
+
+
+def _mark(ids) -> float:
+    """What a position holds once the tokens ids (up to and including it) were fed: keys and values
+    depend on the whole prefix."""
+    return float(hash(tuple(ids)) % 2**50)
+
+
+def _holds(fake: _Engine, ids, start: int = 0) -> bool:
+    return all(c.k[0, 0, p, 0].item() == _mark(ids[: p + 1]) and c.v[0, 0, p, 0].item() == -_mark(ids[: p + 1])
+               for c in fake.layers for p in range(start, len(ids)))  # fmt: skip
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 60), st.integers(1, 30), st.integers(0, 9)),
+                min_size=1, max_size=12),
+       st.integers(60, 400))  # fmt: skip
+def test_whatever_comes_the_store_and_cache_hold_what_they_claim(requests, budget_tokens):
+    """Requests of a few conversations (each extending its own earlier prompt, or starting over), of
+    random lengths; each writes its prompt, answer and padding past them up to its reach, as a step
+    may. After each, every entry (copied part and resident part) and the live cache are right."""
+    max_len, width = 256, 8
+    fake = _Engine(max_len, max_bytes=budget_tokens * 2 * 2 * 8)
+    history: dict[int, list[int]] = {}
+    for conversation, grow, answer, restart in requests:
+        ids = history.get(conversation, []) if restart else []
+        ids = (ids + [conversation * 1000 + len(ids) + i for i in range(grow)])[: max_len - answer - width - 1]
+        history[conversation] = ids
+        reach = len(ids) + answer + width
+        live = LocalEngine._reuse_prefix(fake, ids, reach)
+        assert _holds(fake, fake._cached_ids[:live]) and fake._cached_ids[:live] == ids[:live]
+        fed = ids + [7000 + i for i in range(answer - 1)]  # the answer, its last token not fed
+        for p in range(min(live, len(ids) - 1), reach):  # prompt, answer, then padding past them
+            value = _mark(fed[: p + 1]) if p < len(fed) else -1.0
+            for c in fake.layers:
+                c.k[0, 0, p, 0], c.v[0, 0, p, 0] = value, -value
+        fake._cached_ids = fed
+        assert _holds(fake, fake._cached_ids)
+        store = fake.kv_store
+        assert store.stats()["bytes"] <= store.max_bytes
+        for entry in store._entries.values():  # copied spans, then what is still in place
+            probe = _Engine(max_len, 0)
+            store._write_back(entry, entry.copied, probe.layers)
+            for fresh, live_cache in zip(probe.layers, fake.layers):
+                fresh.k[:, :, entry.copied :] = live_cache.k[:, :, entry.copied :]
+                fresh.v[:, :, entry.copied :] = live_cache.v[:, :, entry.copied :]
+            assert _holds(probe, list(entry.key))

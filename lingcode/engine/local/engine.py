@@ -259,7 +259,9 @@ class LocalEngine:
         params, ids, counters = req.params, req.input_ids, self._counters
         counters["requests"] += 1
         # Reuse the cached prefix; at least one token is fed to get the next token's logits.
-        cached = min(self._reuse_prefix(ids), len(ids) - 1)
+        max_new = min(params.max_tokens, self.info.context_length - len(ids))
+        reach = len(ids) + max_new + max(self.step.widths)  # past the last position a step may write (padding, drafts)
+        cached = min(self._reuse_prefix(ids, reach), len(ids) - 1)
         counters["prompt_tokens"] += len(ids)
         counters["cached_tokens"] += cached
         counters["prefilled_tokens"] += len(ids) - cached
@@ -267,7 +269,7 @@ class LocalEngine:
         if not params.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        run = _Run(req, cached, max_new=min(params.max_tokens, self.info.context_length - len(ids)),
+        run = _Run(req, cached, max_new=max_new,
                    stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.info.eos_token_ids)),
                    generator=generator, drafter=self._drafter(params))  # fmt: skip
         _time_first_chunk(run)
@@ -453,11 +455,14 @@ class LocalEngine:
                 return new[: i + 1], "length"
         return new, None
 
-    def _reuse_prefix(self, ids: list[int]) -> int:
-        """How many leading tokens of ids the cache holds: the live cache's, or a saved prefix's."""
+    def _reuse_prefix(self, ids: list[int], reach: int) -> int:
+        """How many leading tokens of ids the cache holds: the live cache's, or a saved prefix's.
+        `reach`: past the last position this request may write; the prefix store copies what it
+        keeps there before the request writes it."""
         live = common_prefix(self._cached_ids, ids)
         caches = [layer.attn.kv_cache for layer in self.model.layers]
-        saved, shared = self.kv_store.best_match(ids)
+        store = self.kv_store
+        saved, shared = store.best_match(ids)
         # A saved entry is restored (and so kept from eviction) only if it saves real prefill: one
         # that shares a few more tokens than the live cache (prompts that open alike, e.g. a first
         # line with a timestamp) would otherwise stop the live cache, maybe a long conversation,
@@ -465,12 +470,14 @@ class LocalEngine:
         restore = saved if shared >= live + MIN_SAVE_TOKENS else None
         # Either way (restored prefix or this request's own tokens) the cache keeps only its first
         # `live` positions: save it first if that loses most of it, never evicting what we restore.
-        if self.kv_store.should_save(len(self._cached_ids), live, len(ids)):
-            self.kv_store.save(self._cached_ids, caches, keep=restore)
+        if store.should_save(len(self._cached_ids), live, len(ids)):
+            store.save(self._cached_ids, caches, reach, keep=restore)
         if restore is not None:
-            self.kv_store.restore(saved, shared, caches)
-            self._cached_ids = list(saved[:shared])
-            return shared
+            self._cached_ids, live = list(store.restore(restore, shared, caches)), shared
+            # an entry the cache now holds whole, as if it had never left: saved again by the same rule
+            if store.should_save(len(self._cached_ids), live, len(ids)):
+                store.save(self._cached_ids, caches, reach)
+        store.protect(reach, caches)
         return live
 
 
