@@ -102,6 +102,18 @@ def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
         assert 0 < row["trace_cached_ms"]["until_engine"] < row["trace_cached_ms"]["until_first_body"]
     assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp"}
     assert "| speculation | workload | client |" in out.with_suffix(".md").read_text()
+    # every workload's pairs pooled per client: 2 rounds x (cold, cached) x 3 workloads, first tokens cached only
+    assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in report["pooled"]] == [("httpx", 12, 6), ("aiohttp", 12, 6)]
+    assert all(r["tpot_ratio_paired"] > 0 and r["ttft_added_paired_ms"] is not None for r in report["pooled"])
+    # --report summarizes the saved samples again, measuring nothing: the same figures
+    again = tmp_path / "again"
+    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--report", str(out.with_suffix(".json")),
+                           "--out", str(again)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    redone = json.loads(again.with_suffix(".json").read_text())
+    assert redone["pooled"] == report["pooled"] and redone["commit"] == report["commit"]
+    assert [r["tpot_ratio_paired"] for r in redone["rows"]] == [r["tpot_ratio_paired"] for r in report["rows"]]
+    assert "All workloads pooled" in again.with_suffix(".md").read_text()
 
 
 def test_bench_daemon_refuses_a_prompts_file_it_cannot_read(tmp_path, model_path):
@@ -128,3 +140,44 @@ def test_the_paired_ratio_comes_with_its_median_interval():
     low, high = median_interval(noisy)
     assert low <= statistics.median(noisy) <= high and median_interval(noisy) == (low, high)
     assert min(noisy) < 1.02 and low > 1.02
+
+
+def test_pooled_pairs_each_daemon_request_with_its_own_direct_one():
+    from lingcode.bench.daemon import Sample, pooled
+
+    def sample(side, workload, cached, ttft, tpot):
+        return Sample(side, workload, "off", cached, 8, ttft, tpot, client="aiohttp")
+
+    samples = []
+    for workload, slow in (("chat", 1.0), ("stdlib", 2.0)):  # the machine twice as slow for one workload
+        for r in range(5):
+            for cached in (False, True):
+                samples += [sample("direct", workload, cached, 10.0 * slow, 4.0 * slow),
+                            sample("daemon", workload, cached, 10.0 * slow + 1.5, 4.0 * slow * 1.05),
+                            sample("floor", workload, cached, 0.5, None)]
+    [row] = pooled(samples)
+    assert (row["client"], row["pairs"], row["ttft_pairs"]) == ("aiohttp", 20, 10)
+    assert row["tpot_ratio_paired"] == pytest.approx(1.05) and row["ttft_added_paired_ms"] == pytest.approx(1.5)
+    assert row["tpot_ratio_paired_interval"] == pytest.approx((1.05, 1.05))
+
+
+def test_a_result_names_the_commit_and_says_when_the_code_differs_from_it(tmp_path, monkeypatch):
+    import lingcode.bench as bench
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "lingcode").mkdir()
+    (tmp_path / "lingcode" / "engine.py").write_text("A = 1\n")
+    (tmp_path / "notes.md").write_text("results\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    monkeypatch.delenv("LINGCODE_COMMIT", raising=False)
+    commit = bench.source_commit()
+    assert commit and "+" not in commit
+    (tmp_path / "notes.md").write_text("more results\n")  # not the product's code
+    assert bench.source_commit() == commit
+    (tmp_path / "lingcode" / "engine.py").write_text("A = 2\n")  # an A/B run's other side
+    assert bench.source_commit() == f"{commit}+changes"
+    monkeypatch.setenv("LINGCODE_COMMIT", "abc1234")  # the GPU machine's copy has no history
+    assert bench.source_commit() == "abc1234"

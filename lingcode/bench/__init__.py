@@ -6,18 +6,23 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+PRODUCT_CODE = ("lingcode", "server", "lsp", "tui", "pyproject.toml")
 
 
 def source_commit() -> str:
     """The commit a result was measured at: $LINGCODE_COMMIT on a copy of the tree without its own
-    history (the GPU machine), else git's HEAD; "" where neither is known."""
+    history (the GPU machine), else git's HEAD, with "+changes" when the product's code differs from
+    it (an A/B run against files of another commit); "" where neither is known."""
     if os.environ.get("LINGCODE_COMMIT"):
         return os.environ["LINGCODE_COMMIT"]
     try:
-        done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        return done.stdout.strip()
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--",
+                                  *PRODUCT_CODE], capture_output=True, text=True)  # fmt: skip
     except OSError:
         return ""
+    commit = head.stdout.strip()
+    return f"{commit}+changes" if commit and changed.stdout.strip() else commit
 
 
 def write_result(out: str | Path | None, result: dict, table: str, indent: int = 2) -> None:

@@ -559,6 +559,27 @@ def summarize(samples: list[Sample]) -> list[dict]:
     return rows
 
 
+def pooled(samples: list[Sample]) -> list[dict]:
+    """Every workload's pairs together, per drafting mode and client: each daemon request against the
+    direct request paired with it in its round. A row's 24-100 pairs leave an interval wider than
+    the goals' margins on a shared machine; the pooled pairs say whether a goal is met overall."""
+    rows = []
+    for speculation in dict.fromkeys(s.speculation for s in samples):
+        for client in CLIENTS:
+            ratios, added = [], []
+            for workload in dict.fromkeys(s.workload for s in samples):
+                group = [s for s in samples if s.speculation == speculation and s.workload == workload and s.client == client]
+                direct = [s for s in group if s.side == "direct"]
+                daemon = [s for s in group if s.side == "daemon"]
+                ratios += [b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms]
+                added += [b.ttft_ms - a.ttft_ms for a, b in zip(direct, daemon) if a.cached and b.cached]
+            if ratios or added:
+                rows.append({"speculation": speculation, "client": client, "pairs": len(ratios), "ttft_pairs": len(added),
+                             "tpot_ratio_paired": _median(ratios), "tpot_ratio_paired_interval": median_interval(ratios),
+                             "ttft_added_paired_ms": _median(added), "ttft_added_paired_interval": median_interval(added)})  # fmt: skip
+    return rows
+
+
 def _row(speculation: str, workload: str, client: str, direct: list[Sample], daemon: list[Sample],
          floor: float | None) -> dict:  # fmt: skip
     """One client's row: its daemon samples against the direct ones (both in the same rounds' order)."""
@@ -631,6 +652,18 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
                      f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
                      f"{_fmt(r.get('engine_sleeps_per_token_daemon'), 2)} | {r['same_text']} |")  # fmt: skip
+    if report.get("pooled"):
+        lines += ["", "All workloads pooled (each daemon request against the direct request paired with it, "
+                  "median and 95 % interval):", "",
+                  "| speculation | client | pairs, per token / first token | ms/token, daemon over direct | "
+                  "added TTFT, cached (ms) |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in report["pooled"]:
+            bounds = r["ttft_added_paired_interval"]
+            lines.append(f"| {r['speculation']} | {r['client']} | {r['pairs']} / {r['ttft_pairs']} | "
+                         f"{_fmt(r['tpot_ratio_paired'])}{_interval(r['tpot_ratio_paired_interval'])} | "
+                         f"{_fmt(r['ttft_added_paired_ms'], 2)}"
+                         + (f" ({bounds[0]:.2f}-{bounds[1]:.2f})" if bounds else "") + " |")  # fmt: skip
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
               "direct request paired with it, with its 95 % interval (bootstrap). The client floor is the same client "
               "and request against a server that answers at once (the HTTP client's own cost, which no server can "
@@ -674,9 +707,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)")
     parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
                         help="write PREFIX.json and PREFIX.md (default: print only)")  # fmt: skip
+    parser.add_argument("--report", type=Path, default=None, metavar="FILE.json",
+                        help="measure nothing: summarize an earlier run's samples again (its command, commit and "
+                             "machine kept), with what this version of the bench reports")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.report is not None:
+        report = json.loads(args.report.read_text())
+        samples = [Sample(**s) for s in report["samples"]]
+        report |= {"rows": summarize(samples), "pooled": pooled(samples)}
+        text = markdown(report)
+        print(text)
+        write_result(args.out, report, text, indent=1)
+        return 0
     samples = asyncio.run(_run(args))
     report = {
         "engine": (args.engine if args.engine == "local"
@@ -685,7 +729,7 @@ def main(args: argparse.Namespace) -> int:
         "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
         "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, loadavg {os.getloadavg()}",
-        "rows": summarize(samples), "inputs": inputs(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
+        "rows": summarize(samples), "pooled": pooled(samples), "inputs": inputs(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
     }  # fmt: skip
     text = markdown(report)
     print(text)
