@@ -49,13 +49,15 @@ def openapi_doc(daemon, auth) -> dict:
     return response.json()
 
 
-def short_generation(body: object) -> None:
-    """Cut a valid token budget (or a missing one) to a few tokens; invalid values stay as generated."""
+def short_generation(body: object, fill_missing: bool) -> None:
+    """Cut a valid token budget (or, with fill_missing, a missing or null one) to a few tokens; invalid values
+    stay as generated. Invalid data must stay invalid: a body that left out a required max_tokens
+    (Anthropic's) is the case, and filling it in would make the daemon's 200 look like a miss."""
     if not isinstance(body, dict):
         return
     for field in TOKEN_FIELDS:
         value = body.get(field)
-        if value is None or (type(value) is int and value > MAX_FUZZ_TOKENS):
+        if (fill_missing and value is None) or (type(value) is int and value > MAX_FUZZ_TOKENS):
             body[field] = MAX_FUZZ_TOKENS
 
 
@@ -67,7 +69,7 @@ def fuzz(operation, mode: GenerationMode, auth: dict, new_session) -> None:
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
     def run(case, existing_session):
-        short_generation(case.body)
+        short_generation(case.body, fill_missing=mode is GenerationMode.POSITIVE)
         if existing_session and "session_id" in (case.path_parameters or {}):
             case.path_parameters["session_id"] = new_session()
         case.call_and_validate(headers=dict(auth), checks=CHECKS, timeout=120)
