@@ -559,6 +559,12 @@ def summarize(samples: list[Sample]) -> list[dict]:
     return rows
 
 
+def _paired_ratios(direct: list[Sample], daemon: list[Sample]) -> list[float]:
+    """Each daemon request's time per token over the direct request of the same round: slow drifts
+    of the machine cancel."""
+    return [b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms]
+
+
 def pooled(samples: list[Sample]) -> list[dict]:
     """Every workload's pairs together, per drafting mode and client: each daemon request against the
     direct request paired with it in its round. A row's 24-100 pairs leave an interval wider than
@@ -571,7 +577,7 @@ def pooled(samples: list[Sample]) -> list[dict]:
                 group = [s for s in samples if s.speculation == speculation and s.workload == workload and s.client == client]
                 direct = [s for s in group if s.side == "direct"]
                 daemon = [s for s in group if s.side == "daemon"]
-                ratios += [b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms]
+                ratios += _paired_ratios(direct, daemon)
                 added += [b.ttft_ms - a.ttft_ms for a, b in zip(direct, daemon) if a.cached and b.cached]
             if ratios or added:
                 rows.append({"speculation": speculation, "client": client, "pairs": len(ratios), "ttft_pairs": len(added),
@@ -591,8 +597,7 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
     decode_direct = _median(s.engine_decode_ms for s in direct)
     decode_daemon = _median(s.engine_decode_ms for s in daemon)
     added = ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None
-    # each daemon request against the direct one of the same round: slow drifts of the machine cancel
-    paired = [b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms]
+    paired = _paired_ratios(direct, daemon)
     return {
         "speculation": speculation, "workload": workload, "client": client,
         "tokens": _median(s.tokens for s in direct + daemon),
@@ -713,24 +718,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.report is not None:
+    if args.report is not None:  # an earlier run: its command, commit, machine and samples as they were
         report = json.loads(args.report.read_text())
         samples = [Sample(**s) for s in report["samples"]]
-        report |= {"rows": summarize(samples), "pooled": pooled(samples)}
-        text = markdown(report)
-        print(text)
-        write_result(args.out, report, text, indent=1)
-        return 0
-    samples = asyncio.run(_run(args))
-    report = {
-        "engine": (args.engine if args.engine == "local"
-                   else f"sglang stand-in, {args.step_ms} ms/token, {args.sglang_stream} stream")
-                  + "".join(f", {e}" for e in args.serve_env),
-        "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
-        "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, loadavg {os.getloadavg()}",
-        "rows": summarize(samples), "pooled": pooled(samples), "inputs": inputs(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
-    }  # fmt: skip
+    else:
+        samples = asyncio.run(_run(args))
+        report = {
+            "engine": (args.engine if args.engine == "local"
+                       else f"sglang stand-in, {args.step_ms} ms/token, {args.sglang_stream} stream")
+                      + "".join(f", {e}" for e in args.serve_env),
+            "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
+            "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, loadavg {os.getloadavg()}",
+            "inputs": inputs(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
+        }  # fmt: skip
+    report |= {"rows": summarize(samples), "pooled": pooled(samples)}
     text = markdown(report)
     print(text)
     write_result(args.out, report, text, indent=1)
