@@ -149,6 +149,27 @@ def test_a_row_gets_the_same_numbers_at_every_width_and_thread_count(engine):
         engine.reset_cache()
 
 
+def test_the_weights_live_in_one_block_on_huge_pages(engine):
+    """The step moves every matrix into one block that the kernel may back with 2 MB pages: moved
+    again into a new block (the old one freed), it gives the same logits bit for bit, and the block
+    holds the weights and no more than their 64-byte padding."""
+    native = engine.step.native
+    ids = torch.randint(100, 40000, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    try:
+        with torch.inference_mode():
+            before = engine.step(ids, 0, all_logits=True)
+            total, advised = native.gather_weights()
+            engine.reset_cache()
+            after = engine.step(ids, 0, all_logits=True)
+    finally:
+        engine.reset_cache()
+    assert torch.equal(before, after)
+    matrices = 1 + 4 * len(engine.model.layers)  # the head (tied to the embedding) and 4 a layer
+    assert native.weight_bytes() <= total < native.weight_bytes() + 2 * 64 * matrices
+    if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        assert advised  # madvise(MADV_HUGEPAGE) is refused only by kernels built without THP
+
+
 def test_the_step_threads_always_wake_each_other(engine):
     """A step's threads wait for each other at every barrier, and the helper waits for the next step:
     a wait that outlasts its spin sleeps in the kernel, and a wake-up lost there would stall the

@@ -38,6 +38,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -906,6 +907,39 @@ class Step {
     return n;
   }
 
+  // Move every matrix into one block that the kernel may back with 2 MB pages: a step streams all
+  // the weights, and on 4 KB pages the TLB misses slow it and make the two threads' halves uneven.
+  // Returns the block's bytes and whether madvise(MADV_HUGEPAGE) was taken.
+  std::tuple<int64_t, bool> gather_weights() {
+    constexpr int64_t HUGE_PAGE = int64_t(2) << 20, ALIGN = 64;
+    const auto up = [](int64_t n, int64_t to) { return (n + to - 1) / to * to; };
+    const bool tied = embed_.codes.is_same(head_.codes);
+    std::vector<Matrix*> all{&head_};
+    if (!tied) all.push_back(&embed_);
+    for (auto& l : layers_) all.insert(all.end(), {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down});
+    int64_t total = 0;
+    for (const Matrix* m : all) total += up(m->codes.nbytes(), ALIGN) + up(m->scales.nbytes(), ALIGN);
+    const size_t mapped = size_t(up(total, HUGE_PAGE) + HUGE_PAGE);  // room to start on a 2 MB boundary
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(p != MAP_FAILED, "native step: cannot map ", mapped, " bytes for the weights");
+    uint8_t* base = reinterpret_cast<uint8_t*>(up(reinterpret_cast<int64_t>(p), HUGE_PAGE));
+    const bool huge = madvise(base, size_t(up(total, HUGE_PAGE)), MADV_HUGEPAGE) == 0;  // before the first touch
+    const at::Tensor block = at::from_blob(base, {total}, [p, mapped](void*) { munmap(p, mapped); }, at::kByte);
+    int64_t at = 0;
+    const auto move = [&](at::Tensor& t) {
+      at::Tensor view = block.narrow(0, at, t.nbytes());
+      std::memcpy(view.data_ptr<uint8_t>(), t.data_ptr(), t.nbytes());
+      t = view.view(t.scalar_type());
+      at += up(t.nbytes(), ALIGN);
+    };
+    for (Matrix* m : all) {
+      move(m->codes);
+      move(m->scales);
+    }
+    if (tied) embed_ = head_;
+    return {total, huge};
+  }
+
   uint64_t sleeps() const { return pool_.sleeps(); }
   uint64_t lost_wakes() const { return pool_.lost_wakes(); }
 
@@ -1091,6 +1125,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, Matrix, Matrix>())
       .def("add_layer", &Step::add_layer)
       .def("weight_bytes", &Step::weight_bytes)
+      .def("gather_weights", &Step::gather_weights)
       .def("sleeps", &Step::sleeps)
       .def("lost_wakes", &Step::lost_wakes)
       .def("forward", &Step::forward, py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,

@@ -79,4 +79,5 @@ def build(checkpoint: Checkpoint, model: Transformer):
         step.add_layer(layer.attn_norm.weight.float(), layer.ffn_norm.weight.float(),
                        matrix(p + "wq", p + "wk", p + "wv"), matrix(p + "wo"),
                        matrix(p + "w_gate", p + "w_up"), matrix(p + "w_down"), cache.k, cache.v)  # fmt: skip
+    step.gather_weights()
     return step
