@@ -908,7 +908,7 @@ class Step {
   }
 
   // Move every matrix into one block that the kernel may back with 2 MB pages: a step streams all
-  // the weights, and on 4 KB pages the TLB misses slow it and make the two threads' halves uneven.
+  // the weights, and on 4 KB pages it ran slower, its two threads waiting for each other more often.
   // Returns the block's bytes and whether madvise(MADV_HUGEPAGE) was taken.
   std::tuple<int64_t, bool> gather_weights() {
     constexpr int64_t HUGE_PAGE = int64_t(2) << 20, ALIGN = 64;
@@ -925,12 +925,12 @@ class Step {
     uint8_t* base = reinterpret_cast<uint8_t*>(up(reinterpret_cast<int64_t>(p), HUGE_PAGE));
     const bool huge = madvise(base, size_t(up(total, HUGE_PAGE)), MADV_HUGEPAGE) == 0;  // before the first touch
     const at::Tensor block = at::from_blob(base, {total}, [p, mapped](void*) { munmap(p, mapped); }, at::kByte);
-    int64_t at = 0;
+    int64_t offset = 0;
     const auto move = [&](at::Tensor& t) {
-      at::Tensor view = block.narrow(0, at, t.nbytes());
+      at::Tensor view = block.narrow(0, offset, t.nbytes());
       std::memcpy(view.data_ptr<uint8_t>(), t.data_ptr(), t.nbytes());
       t = view.view(t.scalar_type());
-      at += up(t.nbytes(), ALIGN);
+      offset += up(t.nbytes(), ALIGN);
     };
     for (Matrix* m : all) {
       move(m->codes);
