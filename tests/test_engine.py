@@ -286,66 +286,39 @@ async def test_chunk_channel_hands_over_what_piled_up_as_one_chunk():
         await failing.get()
 
 
-@pytest.mark.parametrize("hand_over", ["first", "every"])
-async def test_chunk_channel_hands_the_core_over_before_the_worker_goes_on(monkeypatch, hand_over):
-    """Where the engine's threads take every core, the worker waits after a chunk that wakes the loop
-    (the first one, or every one) until the loop has passed it on and reads again (or the reader
-    left): the loop then has a core of its own, and no step loses one mid-way. A chunk that ends the
-    stream, or a reader that left, is not waited on."""
+async def test_chunk_channel_hands_the_first_chunk_over_before_the_worker_goes_on(monkeypatch):
+    """Where the engine's threads take every core, the worker waits after the first chunk until the
+    loop has passed it on and reads again (or the reader left): the loop then has a core for the
+    first token. A first chunk that ends the stream, or a reader that left, is not waited on."""
     import threading
 
     import lingcode.engine
     from lingcode.engine import ChunkChannel, TokenChunk
 
-    monkeypatch.setattr(lingcode.engine, "HAND_OVER_S", 60.0)  # only the reader ends the wait here
+    monkeypatch.setattr(lingcode.engine, "FIRST_HAND_OVER_S", 60.0)  # only the reader ends the wait here
     loop = asyncio.get_running_loop()
     order: list[str] = []
-    channel = ChunkChannel(loop, interval_s=0.0, hand_over=hand_over)  # every chunk wakes the loop
+    channel = ChunkChannel(loop, interval_s=3600, hand_over_first=True)
 
     def worker():
-        for token in (1, 2):
-            channel.put(TokenChunk([token]))
-            order.append(f"worker goes on after {token}")
-        channel.put(TokenChunk([3], "stop"))
+        channel.put(TokenChunk([1]))
+        order.append("worker goes on")
+        channel.put(TokenChunk([2], "stop"))
 
     thread = threading.Thread(target=worker)
     thread.start()
-    seen, finish = [], None
-    for token in (1, 2):
-        while token not in seen:  # without a hand-over, what the worker put next may come along
-            chunk = await channel.get()
-            seen, finish = seen + chunk.token_ids, chunk.finish_reason
-        await asyncio.sleep(0.05)  # the loop passing the chunk on
-        order.append(f"loop passed {token} on")
-    while finish is None:
-        finish = (await channel.get()).finish_reason
-    assert seen[:2] == [1, 2] and finish == "stop"
+    assert (await channel.get()).token_ids == [1]
+    await asyncio.sleep(0.05)  # the loop passing the first chunk on
+    order.append("loop passed it on")
+    assert (await channel.get()).token_ids == [2]
     await asyncio.to_thread(thread.join)
-    if hand_over == "every":
-        assert order == ["loop passed 1 on", "worker goes on after 1", "loop passed 2 on", "worker goes on after 2"]
-    else:  # the second chunk is not waited on: the worker is on before the loop has passed it on
-        assert order[:2] == ["loop passed 1 on", "worker goes on after 1"]
-        assert order.index("worker goes on after 2") < order.index("loop passed 2 on")
+    assert order == ["loop passed it on", "worker goes on"]
 
-    # a chunk that ends the stream, and a reader that left: put() returns without waiting
+    # a first chunk that is also the last, and a reader that left: put() returns without waiting
     for ending, released in ((True, False), (False, True)):
         done = threading.Event()
-        channel = ChunkChannel(loop, interval_s=3600, hand_over=hand_over)
+        channel = ChunkChannel(loop, interval_s=3600, hand_over_first=True)
         if released:
             channel.release()
         threading.Thread(target=lambda: (channel.put(TokenChunk([1], "stop" if ending else None)), done.set())).start()
         assert await asyncio.to_thread(done.wait, 30)
-
-
-def test_the_cpu_engine_hands_over_every_wake_up_of_a_stream_and_the_first_of_an_editors(engine, monkeypatch):
-    """On the CPU a stream wakes the loop every 50 ms: each wake-up is waited out. An editor's
-    completion (or a request with stop strings) wakes it every 4 ms, where waiting each time would
-    add the loop's work to nearly every step: only its first is. Where the step leaves a core free
-    (a GPU, or fewer threads than cores) nothing is waited out."""
-    monkeypatch.setattr(engine, "all_cores", True)
-    monkeypatch.setattr(engine, "stream_interval_s", 0.05)
-    streamed = engine.chunk_interval(SamplingParams(max_tokens=8))
-    edited = engine.chunk_interval(SamplingParams(max_tokens=8, text_ends=True))  # the text layer ends it
-    assert (engine.hand_over(streamed), engine.hand_over(edited)) == ("every", "first")
-    monkeypatch.setattr(engine, "all_cores", False)
-    assert engine.hand_over(streamed) == engine.hand_over(edited) == "none"

@@ -11,7 +11,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Literal, Protocol
+from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -105,10 +105,9 @@ STREAM_INTERVAL_S = 0.004
 # core from the step, for the loop's work and then the client's, so fewer of them (a text still
 # streams at 20 updates a second).
 CPU_STREAM_INTERVAL_S = 0.05
-# There the woken loop may also wait for a timeslice before it runs (the first token with it), and
-# once it runs it cuts into a step whose other thread then sleeps at a barrier: the worker hands its
-# core over until the loop has passed the chunk on, at most this long (ChunkChannel's hand_over).
-HAND_OVER_S = 0.005
+# There the woken loop may also wait for a timeslice before it runs, the first token with it: the
+# worker hands its core over until the loop has passed the first chunk on, at most this long.
+FIRST_HAND_OVER_S = 0.005
 
 
 def _ends_stream(item: TokenChunk | BaseException) -> bool:
@@ -125,17 +124,16 @@ class ChunkChannel:
     millisecond) the loop's per-chunk work (detokenize, stop strings, parsers, one SSE frame) then
     runs once per interval, not once per token, and leaves the worker's GIL time alone.
 
-    With hand_over "first" or "every" (an engine whose threads take every core), a put() that wakes
-    the loop (the first one, or every one) returns once the loop has passed the chunks on and waits
-    in get() again, or the reader has left (release()), or HAND_OVER_S has passed. A chunk that ends
-    the stream is not waited on.
+    With hand_over_first (an engine whose threads take every core), put() of the first chunk
+    returns once the loop has passed it on and waits in get() again, or the reader has left
+    (release()), or FIRST_HAND_OVER_S has passed. A first chunk that ends the stream is not waited on.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = STREAM_INTERVAL_S,
-                 hand_over: Literal["none", "first", "every"] = "none"):  # fmt: skip
+                 hand_over_first: bool = False):  # fmt: skip
         self._loop = loop
         self._interval_s = interval_s
-        self._hand_over = hand_over
+        self._hand_over_first = hand_over_first
         self._reading = threading.Event()  # the loop waits in get() with nothing left to read
         self._items: list = []  # TokenChunks, or one exception
         self._lock = threading.Lock()
@@ -154,17 +152,17 @@ class ChunkChannel:
             if self._wake_pending or not (urgent or now - self._woken_at >= self._interval_s):
                 return
             self._wake_pending, self._woken_at = True, now
-            hand_over = not ends and (self._hand_over == "every" or (first and self._hand_over == "first"))
+            hand_over = first and self._hand_over_first and not ends
             if hand_over:
                 self._reading.clear()
         self._loop.call_soon_threadsafe(self._wake)
         if hand_over:
-            self._reading.wait(HAND_OVER_S)
+            self._reading.wait(FIRST_HAND_OVER_S)
 
     def release(self) -> None:
         """Loop side: the reader is done (finished or gone); a hand-over waits for it no longer."""
         with self._lock:
-            self._hand_over = "none"
+            self._hand_over_first = False
             self._reading.set()
 
     def _wake(self) -> None:

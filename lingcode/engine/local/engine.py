@@ -21,7 +21,7 @@ import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal
+from typing import AsyncIterator
 
 import torch
 
@@ -99,7 +99,7 @@ class LocalEngine:
         all_cores = device.type == "cpu" and torch.get_num_threads() >= cores
         self.stream_interval_s = float(os.environ.get("LINGCODE_STREAM_INTERVAL_MS", 0)) / 1e3 or (
             CPU_STREAM_INTERVAL_S if all_cores else STREAM_INTERVAL_S)  # fmt: skip
-        self.all_cores = all_cores  # ChunkChannel hands the loop the worker's core (hand_over)
+        self.hand_over_first = all_cores  # ChunkChannel: the loop gets a core for the first token
         self.info = ModelInfo(
             name=checkpoint.name,
             context_length=cfg.context_length,
@@ -140,8 +140,7 @@ class LocalEngine:
     async def generate(
         self, request_id: str, input_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenChunk]:
-        interval_s = self.chunk_interval(params)
-        chunks = ChunkChannel(asyncio.get_running_loop(), interval_s, self.hand_over(interval_s))
+        chunks = ChunkChannel(asyncio.get_running_loop(), self.chunk_interval(params), self.hand_over_first)
         done = asyncio.wrap_future(self.submit(request_id, input_ids, params, chunks.put))
         try:
             while True:
@@ -202,17 +201,6 @@ class LocalEngine:
     def chunk_interval(self, params: SamplingParams) -> float:
         """How long a request's chunks may wait to be handed over (ChunkChannel)."""
         return STREAM_INTERVAL_S if params.text_ends else self.stream_interval_s
-
-    def hand_over(self, interval_s: float) -> Literal["none", "first", "every"]:
-        """Which wake-ups of the loop the worker waits out (ChunkChannel), where the step takes every core.
-
-        Every one where they are rare (a stream's 50 ms): the step then waits for the loop once in
-        several steps instead of losing a core mid-way. Where they come every 4 ms (an editor's
-        completion, stop strings) waiting would add the loop's work to nearly every step: the
-        first only (docs/engine-notes.md)."""
-        if not self.all_cores:
-            return "none"
-        return "every" if interval_s >= CPU_STREAM_INTERVAL_S else "first"
 
     def stats(self) -> dict:
         return {**self._counters, "running": self._running, "cached_context_tokens": len(self._cached_ids),
