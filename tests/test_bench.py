@@ -83,10 +83,14 @@ def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"messages": [{"role": "user", "content": "Name a sorting algorithm."}]}\n\n'
                        '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]}\n')
+    temp = tmp_path / "temp"  # where the bench makes the daemon's private home
+    temp.mkdir()
     done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
                            str(model_path), "--workload", "chat,stdlib", "--prompts", str(prompts), "--requests", "2",
-                           "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
+                           "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert not any(temp.iterdir())  # the daemon's home, its prepared model with it, is gone
     report = json.loads(out.with_suffix(".json").read_text())
     assert [(row["workload"], row["client"]) for row in report["rows"]] == [
         (workload, client) for workload in ("chat", "stdlib", "prompts") for client in ("httpx", "aiohttp")]

@@ -37,6 +37,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -515,6 +516,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                 await engine.close()
             if standin is not None:
                 standin.terminate()
+            shutil.rmtree(home, ignore_errors=True)  # the daemon's prepared model and log: a run leaves nothing
     return samples
 
 
