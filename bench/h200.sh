@@ -8,13 +8,19 @@
 # Needs: the default model's GGUF at $LINGCODE_MODEL, `lingcode` importable (the package's folders:
 # lingcode/, with server/, lsp/, tui/ reachable as lingcode.server etc.), and pyproject.toml's
 # dependencies that the machine lacks, carried as wheels (pip install --no-index --target DIR *.whl):
-# gguf, platformdirs, fastapi, starlette, uvicorn, pydantic, llguidance, pytest-asyncio, ...
+# gguf, platformdirs, fastapi (and its opentelemetry-api), starlette, uvicorn, httptools, pydantic,
+# pydantic-core, typing-extensions, attrs, anyio, llguidance, pytest-asyncio, ...
 # $LINGCODE_COMMIT names the commit measured (the machine's copy has no history).
+# The GGUF (98 MB) and the tracked tree (42 MB, mostly bench/results) outgrow one call's 64 MiB: delete
+# bench/results but prompts.jsonl from the working tree for the calls (git checkout restores it), and
+# carry the GGUF in two halves (`split -n 2`) in two calls, the first copying its half to /tmp.
 set -uo pipefail
 out=${1:-bench/results}
 parts=${2:-tests daemon one-process sglang kernels}
 mkdir -p "$out"
 export LINGCODE_HOME=${LINGCODE_HOME:-/tmp/lingcode-home}
+# A copy that pip did not install lacks pyproject's package-dir mapping of server/, lsp/ and tui/.
+python3 -c 'import lingcode.server' 2>/dev/null || for d in server lsp tui; do ln -sfn ../$d lingcode/$d; done
 mkdir -p "$LINGCODE_HOME/cache/models"
 ln -sf "$LINGCODE_MODEL" "$LINGCODE_HOME/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 export PYTHONUNBUFFERED=1
