@@ -36,6 +36,10 @@ from lingcode.engine import EngineStartError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGTERM
+# How long an idle connection stays open. Clients reuse theirs until their own expiry (aiohttp,
+# lingcode's front ends: 15 s; httpx, the SDKs: 5 s); at uvicorn's 5 s a request sent as the daemon
+# closed one was lost. Longer than both, the client always closes first.
+KEEP_ALIVE_S = 75
 
 
 SWITCH_INTERVAL_MS = 0.05  # see serve(); Python's default is 5 ms
@@ -456,7 +460,7 @@ def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict,
     # refuses (a bad Content-Length) is answered in the API's own error shape (server/http11.py).
     config = uvicorn.Config(
         app, http=protocol_class(), log_config=log_config, log_level=log_level, access_log=False,
-        proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S,
     )  # fmt: skip
     server = _server_class(uvicorn.Server)(config, scheduler, ready)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with

@@ -67,7 +67,9 @@ def aborted(rid: str, ids: list[int], message: str = "Aborted", status_code=None
 class Replay:
     """What the replay server does. `generate(rid, body)` returns the events for one request, or
     the string "endless" to stream one token every `step_s` until the rid is aborted, or "drop" to
-    close the connection mid-stream (a crashed server)."""
+    close the connection mid-stream (a crashed server). `idle_close_s`: a request that comes on a
+    connection idle for longer is not read, and the connection closes: SGLang's server closing an
+    idle connection (after 5 s) just as a request comes on it."""
 
     def __init__(self, generate=None, step_s: float = 0.02, status: int = 200, status_body: bytes = b""):
         self.generate = generate or (lambda rid, body: DSPARK_STREAM)
@@ -76,6 +78,8 @@ class Replay:
         self.auth: list[str | None] = []  # the Authorization header of each /generate
         self.aborts: list[str] = []
         self.connections = 0  # TCP connections accepted (the adapter's pool should reuse one)
+        self.idle_close_s: float | None = None
+        self.idle_closed = 0  # requests lost so
         self.aborted = threading.Event()
         self.healthy = True
         self.server_info = {"version": "0.5.23", "context_length": 131072, "max_req_input_len": 131066,
@@ -89,6 +93,17 @@ def handler(replay: Replay) -> type[BaseHTTPRequestHandler]:
         def setup(self) -> None:
             super().setup()
             replay.connections += 1
+            self.idle_since: float | None = None  # the end of the last answer on this connection
+
+        def handle_one_request(self) -> None:
+            if replay.idle_close_s is not None and self.idle_since is not None:
+                self.rfile.peek(1)  # the next request's first bytes, or the client's close
+                if time.monotonic() - self.idle_since > replay.idle_close_s:
+                    replay.idle_closed += 1
+                    self.close_connection = True
+                    return
+            super().handle_one_request()
+            self.idle_since = time.monotonic()
 
         def log_message(self, *args) -> None:
             pass

@@ -18,7 +18,7 @@ import sglang_wire as wire
 from lingcode.engine import ContextOverflow, EngineError, EngineUnavailable, SamplingParams
 from lingcode.pipeline.generation import generate_text
 from lingcode.pipeline.scheduler import Scheduler
-from lingcode.engine.sglang.adapter import SGLangEngine, StreamDecoder, sampling_params
+from lingcode.engine.sglang.adapter import KEEP_IDLE_S, SGLangEngine, StreamDecoder, sampling_params
 from lingcode.engine.sglang.model_dir import load_model_info
 
 EOS = 200  # <|role_end|> in the test tokenizer below
@@ -170,6 +170,24 @@ async def test_requests_that_end_reuse_one_connection(replay, model_dir):
             await asyncio.sleep(0.01)
     assert len(replay.requests) == 3 and replay.aborts == []
     assert replay.connections == 1
+    await engine.close()
+
+
+async def test_a_connection_idle_for_sglangs_keep_alive_is_not_reused(replay, model_dir):
+    """SGLang closes a connection idle for 5 s. aiohttp's pool kept one 15 s, so a request sent
+    as SGLang closed it was lost (a 503 for the user's turn). The adapter's pool lets one go sooner."""
+    replay.idle_close_s = KEEP_IDLE_S + 0.5
+    engine = make_engine(replay, model_dir)
+    for n in range(2):
+        chunks = [c async for c in generate_text(Scheduler(engine), engine.info.tokenizer, f"r{n}", [1, 2, 3], GREEDY)]
+        assert chunks[-1].finish_reason == "stop"
+        for _ in range(500):  # the stream's `[DONE]`, read in the background, returns the connection
+            if not engine.stats()["draining"]:
+                break
+            await asyncio.sleep(0.01)
+        if n == 0:
+            await asyncio.sleep(replay.idle_close_s + 0.1)
+    assert replay.idle_closed == 0 and replay.connections == 2 and len(replay.requests) == 2
     await engine.close()
 
 

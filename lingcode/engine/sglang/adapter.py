@@ -155,6 +155,9 @@ async def _http_error(response: aiohttp.ClientResponse) -> EngineError | Context
 # What a request to SGLang raises when the server is not there (or went away mid-stream).
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 DRAIN_TIMEOUT_S = 5.0  # a finished stream's rest (`[DONE]`) comes at once; a server that holds it loses the connection
+# SGLang's server closes a connection idle for 5 s (uvicorn's timeout_keep_alive in launch_server);
+# a request sent on it just then is lost. The pool reuses one idle for less, so it closes first.
+KEEP_IDLE_S = 4.0
 
 
 async def _drain(response: aiohttp.ClientResponse) -> None:
@@ -283,7 +286,8 @@ class SGLangEngine:
             # No read timeout worth the name: a long prefill sends nothing for a while. A dead server
             # breaks the connection instead, and the supervisor restarts it.
             timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=600.0)
-            self._session = aiohttp.ClientSession(headers=self._headers, timeout=timeout)
+            connector = aiohttp.TCPConnector(keepalive_timeout=KEEP_IDLE_S)
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=timeout, connector=connector)
         return self._session
 
     def _record(self, rid: str, decoder: StreamDecoder, finish: str | None, failed: bool, started: float,
