@@ -97,8 +97,8 @@ def handler(replay: Replay) -> type[BaseHTTPRequestHandler]:
 
         def handle_one_request(self) -> None:
             if replay.idle_close_s is not None and self.idle_since is not None:
-                self.rfile.peek(1)  # the next request's first bytes, or the client's close
-                if time.monotonic() - self.idle_since > replay.idle_close_s:
+                # the next request's first bytes (the client's close, b"", is no lost request)
+                if self.rfile.peek(1) and time.monotonic() - self.idle_since > replay.idle_close_s:
                     replay.idle_closed += 1
                     self.close_connection = True
                     return
