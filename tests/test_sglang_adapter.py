@@ -155,6 +155,15 @@ async def test_generate_text_reports_accept_length_in_timings(replay, model_dir)
     await engine.close()
 
 
+async def drained(engine: SGLangEngine) -> None:
+    """Until the finished streams' `[DONE]`, read in the background, has returned their connections
+    to the pool (at most 5 s)."""
+    for _ in range(500):
+        if not engine.stats()["draining"]:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def test_requests_that_end_reuse_one_connection(replay, model_dir):
     """The pipeline stops reading at the finish event; SGLang's `[DONE]` after it is read in the
     background, so the connection goes back to the pool instead of being closed (and reopened by the
@@ -164,10 +173,7 @@ async def test_requests_that_end_reuse_one_connection(replay, model_dir):
         chunks = [c async for c in generate_text(Scheduler(engine), engine.info.tokenizer, f"r{n}", [1, 2, 3], GREEDY)]
         assert chunks[-1].finish_reason == "stop" and chunks[-1].usage.completion_tokens == len(wire.DSPARK_TOKENS)
         assert engine.stats()["draining"] == 1  # the answer came before the stream's end did
-        for _ in range(500):
-            if not engine.stats()["draining"]:
-                break
-            await asyncio.sleep(0.01)
+        await drained(engine)
     assert len(replay.requests) == 3 and replay.aborts == []
     assert replay.connections == 1
     await engine.close()
@@ -181,10 +187,7 @@ async def test_a_connection_idle_for_sglangs_keep_alive_is_not_reused(replay, mo
     for n in range(2):
         chunks = [c async for c in generate_text(Scheduler(engine), engine.info.tokenizer, f"r{n}", [1, 2, 3], GREEDY)]
         assert chunks[-1].finish_reason == "stop"
-        for _ in range(500):  # the stream's `[DONE]`, read in the background, returns the connection
-            if not engine.stats()["draining"]:
-                break
-            await asyncio.sleep(0.01)
+        await drained(engine)
         if n == 0:
             await asyncio.sleep(replay.idle_close_s + 0.1)
     assert replay.idle_closed == 0 and replay.connections == 2 and len(replay.requests) == 2
