@@ -77,7 +77,7 @@ def test_bench_runs_llama_cpp_in_its_own_interpreter(tmp_path, model_path):
     assert len(peer) == 1 and 1 <= peer[0]["tokens"] <= 8
 
 
-def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
+def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
     """`lingcode bench daemon` against SGLang's stand-in: a row per client, each beside its own floor."""
     out = tmp_path / "daemon"
     prompts = tmp_path / "prompts.jsonl"
@@ -87,13 +87,14 @@ def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
     temp.mkdir()
     done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
                            str(model_path), "--workload", "chat,stdlib", "--prompts", str(prompts), "--requests", "2",
-                           "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                           "--max-tokens", "8", "--clients", "httpx,aiohttp,socket", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert not any(temp.iterdir())  # the daemon's home, its prepared model with it, is gone
     report = json.loads(out.with_suffix(".json").read_text())
     assert [(row["workload"], row["client"]) for row in report["rows"]] == [
-        (workload, client) for workload in ("chat", "stdlib", "prompts") for client in ("httpx", "aiohttp")]
+        (workload, client) for workload in ("chat", "stdlib", "prompts") for client in ("httpx", "aiohttp", "socket")]
     # the workloads that are not the bench's own change every round, and the report names each input
     stdlib = report["inputs"]["stdlib"]
     assert len(stdlib) == len(set(stdlib)) == 2 and all("." in name for name in stdlib)
@@ -104,10 +105,11 @@ def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
         assert row["tpot_ratio"] > 0 and row["tpot_ratio_paired"] > 0 and row["client_floor_ms"] > 0
         # the daemon's trace: what came before the engine, and the first body after it
         assert 0 < row["trace_cached_ms"]["until_engine"] < row["trace_cached_ms"]["until_first_body"]
-    assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp"}
+    assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp", "socket"}
     assert "| speculation | workload | client |" in out.with_suffix(".md").read_text()
     # every workload's pairs pooled per client: 2 rounds x (cold, cached) x 3 workloads, first tokens cached only
-    assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in report["pooled"]] == [("httpx", 12, 6), ("aiohttp", 12, 6)]
+    assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in report["pooled"]] == [
+        ("httpx", 12, 6), ("aiohttp", 12, 6), ("socket", 12, 6)]
     assert all(r["tpot_ratio_paired"] > 0 and r["ttft_added_paired_ms"] is not None for r in report["pooled"])
     # --report summarizes the saved samples again, measuring nothing: the same figures
     again = tmp_path / "again"
@@ -118,6 +120,64 @@ def test_bench_daemon_reads_the_daemon_with_two_clients(tmp_path, model_path):
     assert redone["pooled"] == report["pooled"] and redone["commit"] == report["commit"]
     assert [r["tpot_ratio_paired"] for r in redone["rows"]] == [r["tpot_ratio_paired"] for r in report["rows"]]
     assert "All workloads pooled" in again.with_suffix(".md").read_text()
+    # several runs' samples pooled: each run's pairs kept as its own, the runs' commands named
+    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--report", str(out.with_suffix(".json")),
+                           str(out.with_suffix(".json")), "--out", str(again)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    twice = json.loads(again.with_suffix(".json").read_text())
+    assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in twice["pooled"]] == [
+        ("httpx", 24, 12), ("aiohttp", 24, 12), ("socket", 24, 12)]
+    assert [r["tpot_ratio_paired"] for r in twice["pooled"]] == [r["tpot_ratio_paired"] for r in report["pooled"]]
+    assert twice["command"].startswith("2 runs pooled: ") and twice["inputs"]["stdlib"] == stdlib * 2
+
+
+def test_the_bare_socket_client_reads_a_chunked_stream_however_it_is_cut():
+    """The bench's `socket` reader: SSE lines out of a chunked answer that arrives in pieces cut
+    anywhere, the connection kept for the next request, and a new one when the server has closed
+    the kept one; an error status is an error."""
+    import socket
+    import threading
+
+    from lingcode.bench.daemon import SocketClient
+
+    events = b"data: {\"n\": 1}\n\ndata: {\"n\": 2}\n\ndata: [DONE]\n\n"
+    body = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (events[:7], events[7:30], events[30:])) + b"0\r\n\r\n"
+    answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body
+    refusal = b'HTTP/1.1 401 Unauthorized\r\ncontent-length: 12\r\n\r\n{"error": 1}'
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections, requests = [], []
+
+    def serve():
+        for plan in (("cut", "cut", "close"), ("refuse",)):
+            conn, _ = listener.accept()
+            connections.append(conn)
+            for step in plan:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536)
+                head, _, got = head.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(got) < length:
+                    got += conn.recv(65536)
+                requests.append((head, got))
+                if step == "close":  # the kept connection closed, unanswered: the client must retry
+                    conn.close()
+                    break
+                for i in range(0, len(answer if step == "cut" else refusal), 5):
+                    conn.sendall((answer if step == "cut" else refusal)[i : i + 5])
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = SocketClient("http://127.0.0.1:%d" % listener.getsockname()[1], {"Authorization": "Bearer t"})
+    lines = [line for line in client.stream("/v1/x", {"a": 1}, {"x-trace": "1"}) if line]
+    assert lines == ['data: {"n": 1}', 'data: {"n": 2}', "data: [DONE]"]
+    assert [line for line in client.stream("/v1/x", {"a": 2}, {}) if line] == lines
+    with pytest.raises(RuntimeError, match="401"):
+        list(client.stream("/v1/x", {"a": 3}, {}))
+    client.close()
+    assert len(connections) == 2  # two requests on the first connection, then a new one
+    assert [json.loads(got)["a"] for _, got in requests] == [1, 2, 3, 3]
+    assert b"Authorization: Bearer t" in requests[0][0] and b"x-trace: 1" in requests[0][0]
 
 
 def test_bench_daemon_refuses_a_prompts_file_it_cannot_read(tmp_path, model_path):
@@ -127,6 +187,9 @@ def test_bench_daemon_refuses_a_prompts_file_it_cannot_read(tmp_path, model_path
                            str(model_path), "--workload", "", "--prompts", str(bad)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode != 0 and f"{bad}:2: not a" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--clients", "httpx,curl"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "'httpx,curl': one or more of httpx, aiohttp, socket" in done.stderr
 
 
 def test_the_paired_ratio_comes_with_its_median_interval():

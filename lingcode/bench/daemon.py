@@ -4,7 +4,9 @@ The same requests go to the engine directly (in this process) and through a runn
 (`lingcode serve` in a process of its own, streamed over SSE), alternating request by request,
 with and without drafts. Two real clients read the daemon: httpx (the openai and anthropic SDKs'
 transport) and aiohttp; their own cost differs by more than a millisecond a request, which is
-the client's, not the daemon's. Each client's requests are paired with direct ones of their own,
+the client's, not the daemon's. `--clients ...,socket` adds a reader with no HTTP library (one
+`recv` per event): what is left against it is the daemon's, and what the stream's events cost
+any client. Each client's requests are paired with direct ones of their own,
 next to them in the round, so that both engines answer as often. Each request is sent twice in a
 row, so the second one finds its prompt in the KV cache: the time to first token the daemon adds is
 read there.
@@ -46,9 +48,10 @@ import tempfile
 import textwrap
 import time
 from dataclasses import asdict, dataclass, field
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
@@ -167,7 +170,7 @@ class Sample:
     text: str = ""
     trace: dict = field(default_factory=dict)
     engine_decode_ms: float | None = None  # the engine's own decode time for this request
-    client: str = ""  # the daemon's and the floor's: "httpx" | "aiohttp"
+    client: str = ""  # the daemon's and the floor's: one of CLIENTS
     engine_steps: int | None = None  # the engine's decode steps (with drafts: fewer than tokens)
     engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
     input: str = ""  # the workload's input this round (stdlib: the function; prompts: the file's line)
@@ -241,6 +244,10 @@ async def through_daemon(client, messages: list[dict], max_tokens: int) -> tuple
 async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
     """The lines of a POST's streamed answer, as each client reads them."""
     headers = {"x-lingcode-trace": "1"}
+    if isinstance(client, SocketClient):
+        for line in client.stream(path, body, headers):
+            yield line
+        return
     if isinstance(client, httpx.AsyncClient):
         async with client.stream("POST", path, json=body, headers=headers) as response:
             if response.status_code != 200:
@@ -255,18 +262,100 @@ async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
             yield raw.decode().rstrip("\r\n")
 
 
-CLIENTS = ("httpx", "aiohttp")
+class SocketClient:
+    """No HTTP library: the request written and the chunked answer read on a blocking socket, one
+    `recv` per event, the connection kept alive. What any client must pay to read the stream (the
+    kernel waking it for each event); what httpx and aiohttp cost beyond it is their own. It blocks
+    the bench's event loop while it reads, which has nothing else to do then."""
+
+    def __init__(self, base_url: str, headers: dict):
+        url = urlsplit(base_url)
+        self.address, self.headers, self.sock = (url.hostname, url.port), headers, None
+
+    def stream(self, path: str, body: dict, headers: dict) -> Iterator[str]:
+        data = json.dumps(body).encode()
+        fields = {"Host": "%s:%d" % self.address, "Content-Type": "application/json",
+                  "Content-Length": str(len(data)), **self.headers, **headers}  # fmt: skip
+        request = f"POST {path} HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode()
+        request += b"\r\n" + data
+        for attempt in (1, 2):  # a kept connection the server has closed since: once more, on a new one
+            try:
+                if self.sock is None:
+                    self.sock = socket.create_connection(self.address)
+                    self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.sock.sendall(request)
+                first = self.sock.recv(65536)
+            except ConnectionError:
+                if attempt == 2:
+                    raise
+                first = b""
+            if first:
+                break
+            self.close()
+        else:
+            raise RuntimeError("the server closed the connection without an answer")
+        head, buffer = first, b""
+        while b"\r\n\r\n" not in head:
+            head += self._recv()
+        head, _, buffer = head.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        names = {line.split(b":", 1)[0].strip().lower(): line.split(b":", 1)[1].strip()
+                 for line in head.split(b"\r\n")[1:] if b":" in line}  # fmt: skip
+        if names.get(b"transfer-encoding", b"").lower() != b"chunked":
+            length = int(names.get(b"content-length", b"0"))
+            while len(buffer) < length:
+                buffer += self._recv()
+            raise RuntimeError(f"daemon answered {status}: {buffer[:300]!r}")
+        pending = b""
+        while True:  # chunked: a size line, the bytes, CRLF; a size of 0 ends the answer
+            while b"\r\n" not in buffer:
+                buffer += self._recv()
+            size_line, _, buffer = buffer.partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            while len(buffer) < size + 2:
+                buffer += self._recv()
+            chunk, buffer = buffer[:size], buffer[size + 2:]
+            if size == 0:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.decode().rstrip("\r")
+        if status != 200:
+            raise RuntimeError(f"daemon answered {status}: {pending[:300]!r}")
+        if names.get(b"connection", b"").lower() == b"close":
+            self.close()
+
+    def _recv(self) -> bytes:
+        data = self.sock.recv(65536)
+        if not data:
+            self.close()
+            raise RuntimeError("the server closed the connection mid-answer")
+        return data
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
-def _clients(base_url: str, headers: dict) -> dict:
+CLIENTS = ("httpx", "aiohttp", "socket")  # the bench's order; --clients picks some
+
+
+def _clients(base_url: str, headers: dict, names: list[str]) -> dict:
     """The daemon's readers, by name (CLIENTS), each with one kept-alive connection."""
-    return {"httpx": httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600),
-            "aiohttp": aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600))}  # fmt: skip
+    make = {"httpx": lambda: httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600),
+            "aiohttp": lambda: aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600)),
+            "socket": lambda: SocketClient(base_url, headers)}  # fmt: skip
+    return {name: make[name]() for name in names}
 
 
 async def _close(clients: dict) -> None:
     for client in clients.values():
-        await (client.aclose() if isinstance(client, httpx.AsyncClient) else client.close())
+        if isinstance(client, SocketClient):
+            client.close()
+        else:
+            await (client.aclose() if isinstance(client, httpx.AsyncClient) else client.close())
 
 
 # --- daemons ------------------------------------------------------------------------------------
@@ -380,7 +469,7 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
         workload_request(workload, 0, prompts)  # an unknown one fails now, not after the engines load
     floor_port = _free_port()
     floor = subprocess.Popen([sys.executable, "-m", "lingcode.bench.daemon", str(floor_port)])
-    floor_clients = _clients(f"http://127.0.0.1:{floor_port}", {"Authorization": "Bearer floor"})
+    floor_clients = _clients(f"http://127.0.0.1:{floor_port}", {"Authorization": "Bearer floor"}, args.clients)
     for _ in range(100):  # until the floor's server listens
         try:
             socket.create_connection(("127.0.0.1", floor_port), timeout=1).close()
@@ -443,8 +532,10 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                     else:
                         os.environ["LINGCODE_HOME"] = previous_home
                 info = engine.info
-            clients = _clients(daemon.url, {"Authorization": f"Bearer {daemon.token}"})
-            stats_client = clients["httpx"]
+            clients = _clients(daemon.url, {"Authorization": f"Bearer {daemon.token}"}, args.clients)
+            # the daemon's stats after each request, on httpx's connection when httpx is a reader
+            stats_client = clients.get("httpx") or httpx.AsyncClient(base_url=daemon.url, timeout=600, headers={
+                "Authorization": f"Bearer {daemon.token}"})  # fmt: skip
             try:
                 for workload in workloads:
                     for i in range(args.requests + 1):  # the first round warms every side up
@@ -484,13 +575,13 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                             # A new input: each engine answers it once first, unmeasured, so that every
                             # measured request finds an answer to it indexed by the n-gram drafter.
                             await direct()
-                            await through_daemon(clients["httpx"], messages, args.max_tokens)
+                            await through_daemon(clients[args.clients[0]], messages, args.max_tokens)
                         # Each daemon client against a direct pair of its own, next to it in the round: the
                         # daemon's engine answers both clients, so the direct one answers as often, and each
                         # request finds its engine as its counterpart finds the other (the drafter's counts
                         # and the prefix store's saves follow how often an engine has seen a prompt). Who
                         # goes first, client or direct, and which client, change round by round.
-                        order = list(clients)[i % 2:] + list(clients)[: i % 2]
+                        order = list(clients)[i % len(clients):] + list(clients)[: i % len(clients)]
                         for client in order:
                             for side in ("direct", client) if (i // 2) % 2 == 0 else (client, "direct"):
                                 for cached in (False, True):
@@ -508,7 +599,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                                 samples.append(Sample("floor", workload, speculation, True, 0, ttft, None, client=name,
                                                       input=label))  # fmt: skip
             finally:
-                await _close(clients)
+                await _close(clients if "httpx" in clients else {**clients, "stats": stats_client})
         finally:
             if daemon is not None:
                 daemon.stop()
@@ -540,8 +631,9 @@ def median_interval(values, rounds: int = 2000, seed: int = 0) -> tuple[float, f
 def inputs(samples: list[Sample]) -> dict[str, list[str]]:
     """The inputs of the workloads that change each round, in round order (the floor's request: one a round)."""
     named: dict[str, list[str]] = {}
+    first = next((s.client for s in samples if s.side == "floor"), None)
     for s in samples:
-        if s.side == "floor" and s.client == CLIENTS[0] and s.input != s.workload and s.speculation == samples[0].speculation:
+        if s.side == "floor" and s.client == first and s.input != s.workload and s.speculation == samples[0].speculation:
             named.setdefault(s.workload, []).append(s.input)
     return named
 
@@ -690,6 +782,26 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pool_runs(reports: list[dict]) -> dict:
+    """One report of several runs' samples. Pairs stay within their run: each (mode, workload,
+    client) group holds as many direct samples as daemon ones in every run, in round order, so
+    pairing the concatenated lists pairs each run's own."""
+    if len(reports) == 1:
+        return reports[0]
+    joined = {key: "; ".join(dict.fromkeys(str(r[key]) for r in reports))
+              for key in ("engine", "command", "commit", "date", "machine")}  # fmt: skip
+    joined["command"] = f"{len(reports)} runs pooled: " + joined["command"]
+    samples = [s for r in reports for s in r["samples"]]
+    return joined | {"inputs": inputs([Sample(**s) for s in samples]), "samples": samples}
+
+
+def _client_names(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    if not names or any(name not in CLIENTS for name in names) or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: one or more of {', '.join(CLIENTS)}, each once")
+    return names
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["local", "sglang"], default="local",
                         help="local: the embedded engine; sglang: the SGLang adapter against a stand-in (default: local)")  # fmt: skip
@@ -701,6 +813,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(a function of Python's standard library, another each round)")  # fmt: skip
     parser.add_argument("--prompts", type=Path, default=None, metavar="FILE",
                         help='also your own requests: JSON Lines of {"messages": [...]}, one a round, in turn')  # fmt: skip
+    parser.add_argument("--clients", type=_client_names, default=["httpx", "aiohttp"],
+                        help="comma-separated readers of the daemon, each paired with direct requests of its own: "
+                             "httpx (the openai and anthropic SDKs' transport), aiohttp, socket (no HTTP library: "
+                             "what reading the stream costs any client) (default: httpx,aiohttp)")  # fmt: skip
     parser.add_argument("--speculation", default="off,ngram", help="comma-separated speculation modes (local engine)")
     parser.add_argument("--requests", type=int, default=3,
                         help="measured rounds per workload: in each, a cold and a cached request per client, "
@@ -714,14 +830,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)")
     parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
                         help="write PREFIX.json and PREFIX.md (default: print only)")  # fmt: skip
-    parser.add_argument("--report", type=Path, default=None, metavar="FILE.json",
+    parser.add_argument("--report", type=Path, nargs="+", default=None, metavar="FILE.json",
                         help="measure nothing: summarize an earlier run's samples again (its command, commit and "
-                             "machine kept), with what this version of the bench reports")  # fmt: skip
+                             "machine kept), with what this version of the bench reports; several runs' samples "
+                             "pooled (each run is one daemon and one direct engine: pooled, the processes' own "
+                             "differences average out)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.report is not None:  # an earlier run: its command, commit, machine and samples as they were
-        report = json.loads(args.report.read_text())
+    if args.report is not None:  # earlier runs: their commands, commits, machines and samples as they were
+        report = pool_runs([json.loads(path.read_text()) for path in args.report])
         samples = [Sample(**s) for s in report["samples"]]
     else:
         samples = asyncio.run(_run(args))
