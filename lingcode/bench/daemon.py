@@ -294,7 +294,7 @@ class SocketClient:
             self.close()
         else:
             raise RuntimeError("the server closed the connection without an answer")
-        head, buffer = first, b""
+        head = first
         while b"\r\n\r\n" not in head:
             head += self._recv()
         head, _, buffer = head.partition(b"\r\n\r\n")
@@ -532,10 +532,11 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                     else:
                         os.environ["LINGCODE_HOME"] = previous_home
                 info = engine.info
-            clients = _clients(daemon.url, {"Authorization": f"Bearer {daemon.token}"}, args.clients)
-            # the daemon's stats after each request, on httpx's connection when httpx is a reader
-            stats_client = clients.get("httpx") or httpx.AsyncClient(base_url=daemon.url, timeout=600, headers={
-                "Authorization": f"Bearer {daemon.token}"})  # fmt: skip
+            auth = {"Authorization": f"Bearer {daemon.token}"}
+            clients = _clients(daemon.url, auth, args.clients)
+            # the daemon's stats after each request, on httpx's connection (one of its own if no reader's)
+            owned = {} if "httpx" in clients else {"stats": _clients(daemon.url, auth, ["httpx"])["httpx"]}
+            stats_client = clients.get("httpx") or owned["stats"]
             try:
                 for workload in workloads:
                     for i in range(args.requests + 1):  # the first round warms every side up
@@ -599,7 +600,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                                 samples.append(Sample("floor", workload, speculation, True, 0, ttft, None, client=name,
                                                       input=label))  # fmt: skip
             finally:
-                await _close(clients if "httpx" in clients else {**clients, "stats": stats_client})
+                await _close(clients | owned)
         finally:
             if daemon is not None:
                 daemon.stop()
