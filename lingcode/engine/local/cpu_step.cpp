@@ -334,21 +334,6 @@ struct Act {
 // out[t * ldo + lane] = the row's dot product with token t0 + t; the float chain per (row, token) is
 // for each block: acc = fma(isum, d_w * d_x, acc), then (Q4_1) acc = fma(m_w, sum_x, acc).
 
-#if LC_ISA_512 || LC_ISA_256
-// A matmul reads each weight once per token: ~85 MB a token for the default model, more than the
-// L3. Prefetched a few blocks ahead as non-temporal, that stream passes through the caches without
-// evicting what runs between the steps (the daemon's event loop, whose Python then ran ~10 % faster
-// to a streamed first token; docs/engine-notes.md). Decoding speed is unchanged.
-constexpr int64_t STREAM_AHEAD = 8;  // blocks
-
-template <int64_t CodeBytes>
-inline void stream_ahead(const uint8_t* codes, const uint16_t* scales) {
-  #pragma GCC unroll 8
-  for (int64_t at = 0; at < CodeBytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(codes + at), _MM_HINT_NTA);
-  _mm_prefetch(reinterpret_cast<const char*>(scales), _MM_HINT_NTA);
-}
-#endif
-
 #if LC_ISA_512
 
 inline __m512i dot_u8i8(__m512i acc, __m512i u8, __m512i i8) {
@@ -369,7 +354,6 @@ void q4_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, i
   const uint16_t* s = w.group_scales(g);
   const int64_t nb = w.blocks();
   for (int64_t b = 0; b < nb; ++b, c += 256, s += 32) {
-    stream_ahead<256>(c + STREAM_AHEAD * 256, s + STREAM_AHEAD * 32);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16)));
     __m512i lo[4], hi[4];
@@ -407,7 +391,6 @@ void q8_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, i
   const uint16_t* s = w.group_scales(g);
   const int64_t nb = w.blocks();
   for (int64_t b = 0; b < nb; ++b, c += 512, s += 16) {
-    stream_ahead<512>(c + STREAM_AHEAD * 512, s + STREAM_AHEAD * 16);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
     __m512i u[8], sign[8];
 #ifdef __AVX512VNNI__  // codes + 128 as unsigned; the sum then has 128 * sum(x) too much
@@ -478,7 +461,6 @@ void q4_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, i
     const uint8_t* c = w.group_codes(g) + 32 * h;
     const uint16_t* s = w.group_scales(g) + 8 * h;
     for (int64_t b = 0; b < nb; ++b, c += 256, s += 32) {
-      if (h == 0) stream_ahead<256>(c + STREAM_AHEAD * 256, s + STREAM_AHEAD * 32);  // h = 1 re-reads its lines
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
       __m256i lo[4], hi[4];
@@ -518,7 +500,6 @@ void q8_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, i
     const uint8_t* c = w.group_codes(g) + 32 * h;
     const uint16_t* s = w.group_scales(g) + 8 * h;
     for (int64_t b = 0; b < nb; ++b, c += 512, s += 16) {
-      if (h == 0) stream_ahead<512>(c + STREAM_AHEAD * 512, s + STREAM_AHEAD * 16);
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
       __m256i u[8], sign[8];
       #pragma GCC unroll 8
