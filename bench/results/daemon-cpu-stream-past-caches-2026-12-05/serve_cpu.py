@@ -1,12 +1,17 @@
 """Scratch: `lingcode serve` (port 8391, CPU, speculation off) reporting, in `timings.trace`
 (X-Lingcode-Trace), the event loop thread's CPU time (thread_time, us) from the request's bytes
 arriving to points on the first token's path: uvicorn's on_headers_complete, run_asgi, the app,
-the outer middlewares, the handler, the engine's submit, the first chunk, the first write."""
+the outer middlewares, the handler, the engine's submit, the first chunk, the first write.
+$AB names scratch patches to apply first (variants.py); LINGCODE_EVENT_LOOP=asyncio for the
+standard loop."""
 import os, sys, time
 from lingcode import cli
 from lingcode.pipeline import metrics
 from lingcode.server import http11
 import fastapi
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import variants  # noqa: F401,E402 - applies $AB
 tt = time.thread_time
 pc = time.perf_counter
 C = {}
