@@ -8,10 +8,12 @@ fills in two steps, the way SGLang's entrypoints/openai/serving_base does it:
 
 and handle() does the rest, the same for all: read and validate the body, compile a grammar if
 the turn needs one (off the event loop, cancelled if the client leaves), run the turn, then answer
-once (collect) or stream. A streamed response starts only once the turn has its first events, so
-a full queue (429), a context overflow or a bad grammar is still a proper HTTP error; a client
-that leaves is cancelled at once; an error after the stream started is an error frame in the
-API's own shape. Each list of events from the pipeline (one engine chunk) is one write.
+once (collect) or stream. A streamed response starts once the engine has the request (its head
+and opening go out while the engine computes the first token, and the client reads them
+meanwhile), or with the first events, whichever comes first; so a full queue (429), a context
+overflow or a bad grammar is still a proper HTTP error; a client that leaves is cancelled at once;
+an error after the stream started is an error frame in the API's own shape. Each list of events
+from the pipeline (one engine chunk) is one write.
 
 A client can leave in two places, and its work is cancelled at once in both:
 - before the response starts (a request waiting in the queue, or a non-streamed one being
@@ -31,7 +33,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -46,7 +49,7 @@ from starlette.types import Receive, Scope, Send
 from lingcode.agent.grammar import GrammarError, GrammarUnavailable
 from lingcode.agent.tool_parsers import Tool
 from lingcode.agent.tool_prompt import render_prompt
-from lingcode.engine import EngineError, ModelInfo, SamplingParams
+from lingcode.engine import EngineError, ModelInfo, SamplingParams, on_handed_over
 from lingcode.pipeline import metrics
 from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
@@ -147,10 +150,30 @@ class Sampling:
 # --- the pipeline -----------------------------------------------------------------------------
 
 
+class ServingRequest(Request):
+    """A request whose handler can send its response's head before it returns the response (a
+    stream's, once the engine has the request: EventStream)."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send):
+        super().__init__(scope, receive, send)
+        self.send = send
+
+
 class RequestRoute(APIRoute):
-    """A route whose endpoint takes the Request as it is and reads its own body (Serving.handle):
+    """A route whose endpoint takes a ServingRequest and reads its own body (Serving.handle):
     FastAPI's dependency solving would find nothing to inject, yet runs before the handler on
-    every request (docs/engine-notes.md). The route stays in the OpenAPI schema."""
+    every request (docs/engine-notes.md). An error goes to the app's exception handlers
+    (errors.install), as from any route. The route stays in the OpenAPI schema."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        endpoint = self.endpoint
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            response = await endpoint(ServingRequest(scope, receive, send))
+            await response(scope, receive, send)
+
+        self.app = app
 
     def get_route_handler(self):
         return self.endpoint
@@ -177,7 +200,7 @@ class Serving:
     def run(self, prepared: Prepared) -> AsyncIterator[list[TurnEvent]]:
         return run_turn(self.scheduler, self.info, prepared.turn)
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: ServingRequest) -> Response:
         trace = metrics.trace.get() or metrics.Trace()
         trace.mark("until_handler")  # HTTP parsing, the middlewares, routing
         clock = time.perf_counter
@@ -342,20 +365,48 @@ def close_soon(iterator: AsyncIterator) -> None:
 
 
 class EventStream(StreamingResponse):
-    """A server-sent event stream whose first frame goes out at once, and whose generator is always
-    closed, however the stream ends."""
+    """A server-sent event stream whose head goes out as soon as the engine has the request, with the
+    API's opening frames; else with the first frame, in one write (server/http11.py). Its generator
+    is always closed, however the stream ends."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str]):
-        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, request: ServingRequest, shape: Shape):
+        super().__init__((), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.request, self.shape = request, shape
+        self.opening: asyncio.Task | None = None  # sending the head and the opening, once the engine has the request
+
+    @contextmanager
+    def open_on_hand_over(self) -> Iterator[None]:
+        """While the first events are awaited: the engine's handed_over() starts the response."""
+        token = on_handed_over.set(self._open)
+        try:
+            yield
+        finally:
+            on_handed_over.reset(token)
+
+    def _open(self) -> None:
+        # called inside the engine's generate(); the task runs once the engine waits for its first step
+        if self.opening is None:
+            self.opening = asyncio.get_running_loop().create_task(self._send_opening())
+
+    async def _send_opening(self) -> None:
+        await self.request.send(self._start())
+        # the opening's write (even an empty one) sends the head the protocol holds for it
+        await self.request.send({"type": "http.response.body", "body": self.shape.opening().encode(), "more_body": True})
+
+    def _start(self) -> dict:
+        return {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The head and the first frame go out from the handler's own task: Starlette's task group
-        # (which sends the rest while it listens for the client leaving) starts a turn of the loop later.
+        # The first frame goes out from the handler's own task: Starlette's task group (which sends
+        # the rest while it listens for the client leaving) starts a turn of the loop later.
         try:
             first = await anext(self.body_iterator, "")
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if self.opening is None:
+                await send(self._start())
+            else:
+                await self.opening  # done long before: the engine has been computing since
             await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
         except BaseException:
             await aclose(self.body_iterator)
@@ -374,12 +425,20 @@ class EventStream(StreamingResponse):
 # --- stream or collect ------------------------------------------------------------------------
 
 
-async def respond(request: Request, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape) -> Response:
+async def respond(request: ServingRequest, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape) -> Response:
     """One JSON response (shape.whole) or an SSE stream (shape.opening + shape.frames per list)."""
     try:
         if stream:
-            first = await until_disconnected(request, _first(events))
-            return EventStream(_frames(first, events, shape))
+            response = EventStream(request, shape)
+            with response.open_on_hand_over():
+                try:
+                    first: list[TurnEvent] | Exception = await until_disconnected(request, _first(events))
+                except Exception as exc:
+                    if response.opening is None or isinstance(exc, ClientGone):
+                        raise
+                    first = exc  # the response has started: the error goes in the stream
+            response.body_iterator = _frames(first, events, shape, opened=response.opening is not None)
+            return response
         end = await until_disconnected(request, _collect(events))
         return JSONResponse(_shaped(shape.whole, end))
     except ClientGone:
@@ -422,12 +481,17 @@ async def _collect(events: AsyncIterator[list[TurnEvent]]) -> TurnEnd:
     raise EngineError("the turn ended without a finish reason")
 
 
-async def _frames(first: list[TurnEvent], events: AsyncIterator[list[TurnEvent]], shape: Shape) -> AsyncIterator[str]:
+async def _frames(first: list[TurnEvent] | Exception, events: AsyncIterator[list[TurnEvent]], shape: Shape, *,
+                  opened: bool) -> AsyncIterator[str]:  # fmt: skip
+    """The stream's frames from its first events (or the error that came instead), the opening
+    first unless it went out with the head."""
     trace = metrics.trace.get() or metrics.Trace()
     clock = time.perf_counter
     try:
+        if isinstance(first, Exception):
+            raise first
         started = clock()
-        out = shape.opening() + shape.frames(first)
+        out = ("" if opened else shape.opening()) + shape.frames(first)
         trace.add("shape", clock() - started)
         yield out
         batch = first

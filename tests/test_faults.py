@@ -111,13 +111,18 @@ def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in
     good = client.post("/v1/completions", json=body).json()
     before, errors_before = client.get("/v1/lingcode/stats").json()["engine"], errors_metric(client)
 
-    fail_at(1)  # in the prefill: before any token, so a plain HTTP error, streamed or not
-    for stream in (False, True):
-        fail_at(1)
-        response = client.post("/v1/completions", json={**body, "stream": stream})
-        assert response.status_code == 500
-        error = response.json()["error"]
-        assert error["code"] == "engine_error" and "injected fault" in error["message"]
+    fail_at(1)  # in the prefill, before any token: a plain HTTP error when not streamed
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "engine_error" and "injected fault" in error["message"]
+    fail_at(1)  # streamed, the response started once the engine had the request: an error event, then [DONE]
+    response = client.post("/v1/completions", json={**body, "stream": True})
+    assert response.status_code == 200
+    events = [block.removeprefix("data: ") for block in response.text.split("\n\n") if block.strip()]
+    assert events[-1] == "[DONE]" and len(events) == 2
+    error = json.loads(events[0])["error"]
+    assert error["code"] == "engine_error" and "injected fault" in error["message"]
 
     fail_at(4)  # mid-decode, after the stream has started: an error event, then [DONE]
     response = client.post("/v1/completions", json={**body, "stream": True})

@@ -225,8 +225,9 @@ def test_sse_framing_ends_with_done(http):
 
 def test_a_streams_head_and_first_event_arrive_in_one_write(daemon):
     """uvicorn wrote the head and the first frame apart: on loopback each write wakes the client,
-    so the first token waited for a second wake-up (issue 17). Over a plain socket, the first read
-    now holds both."""
+    so the first token waited for a second wake-up (issue 17). The head now goes out with the
+    opening (OpenAI's role chunk) once the engine has the request, or else with the first frame:
+    over a plain socket, the first read holds the head and an event."""
     import socket
 
     body = json.dumps({"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY}).encode()

@@ -6,12 +6,13 @@ script, which makes engine failures, before or during a stream, reproducible.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from fastapi.testclient import TestClient
 
-from lingcode.engine import EngineError, SamplingParams, TokenChunk
+from lingcode.engine import EngineError, SamplingParams, TokenChunk, handed_over
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.app import create_app
 
@@ -137,3 +138,70 @@ def test_an_engine_error_mid_stream_is_an_error_event(serve, engine):
     assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello world"
     assert error["error"]["code"] == "engine_error" and "device lost" in error["error"]["message"]
     assert done == "[DONE]"
+
+
+class GatedEngine(ScriptedEngine):
+    """Takes the request (handed_over), then plays its script once `gate` is set."""
+
+    def __init__(self, info, script):
+        super().__init__(info, script)
+        self.gate = asyncio.Event()
+
+    async def generate(self, request_id, input_ids, params):
+        handed_over()
+        await self.gate.wait()
+        async for chunk in super().generate(request_id, input_ids, params):
+            yield chunk
+
+
+async def _asgi_stream(engine, script, path: str, body: dict) -> tuple[list[dict], GatedEngine]:
+    """The ASGI messages of one streamed request; the engine's gate opens once the response has started."""
+    gated = GatedEngine(engine.info, script)
+    app = create_app(Scheduler(gated), engine.info, TOKEN, model_id="scripted")
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+             "headers": [(b"host", b"127.0.0.1"), (b"authorization", f"Bearer {TOKEN}".encode()),
+                         (b"content-type", b"application/json")]}  # fmt: skip
+    requests = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive():
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()  # the client stays
+
+    async def send(message):
+        sent.append(message)
+        if message["type"] == "http.response.body" and not gated.gate.is_set():
+            gated.gate.set()  # the head and the opening went out while the engine held the first token
+
+    await asyncio.wait_for(app(scope, receive, send), 30)  # without an early head the gate never opens
+    return sent, gated
+
+
+async def test_a_streams_head_and_opening_go_out_once_the_engine_has_the_request(engine):
+    """The client reads them while the engine computes the first token, not after it (issue 17)."""
+    tokens = engine.info.tokenizer.encode("Hello world")
+    sent, _ = await _asgi_stream(engine, tokens, "/v1/chat/completions",
+                                 {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True})
+    start, opening, *bodies = sent
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert json.loads(opening["body"].removeprefix(b"data: "))["choices"][0]["delta"] == {"role": "assistant",
+                                                                                          "content": ""}
+    text = b"".join(m["body"] for m in bodies).decode()
+    assert text.count('"role"') == 0  # the opening went out once
+    deltas = [json.loads(b.removeprefix("data: ")) for b in text.split("\n\n") if b.startswith("data: {")]
+    assert "".join(d["choices"][0]["delta"].get("content", "") for d in deltas) == "Hello world"
+    assert text.endswith("data: [DONE]\n\n")
+
+
+async def test_an_engine_error_after_it_took_the_request_is_an_error_event(engine):
+    """Once the engine has the request the response has started: its error is a frame in the API's shape."""
+    sent, _ = await _asgi_stream(engine, [EngineError("engine failed: out of memory")], "/v1/messages",
+                                 {"model": "m", "max_tokens": 5, "stream": True,
+                                  "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert sent[0]["status"] == 200
+    text = b"".join(m.get("body", b"") for m in sent[1:]).decode()
+    error = json.loads(text.split("event: error\ndata: ")[1].split("\n\n")[0])
+    assert error["type"] == "error" and "out of memory" in error["error"]["message"], text

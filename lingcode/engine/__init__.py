@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Protocol
 
@@ -210,7 +212,9 @@ class ModelInfo:
 
 
 class Engine(Protocol):
-    """One model, batch 1. generate() streams chunks; abort() ends a running request within a step."""
+    """One model, batch 1. generate() streams chunks; abort() ends a running request within a step.
+    generate() calls handed_over() once the engine has the request, before it waits for the first
+    chunk; an error before that point means the engine never ran it."""
 
     info: ModelInfo
 
@@ -223,3 +227,14 @@ class Engine(Protocol):
     def stats(self) -> dict: ...
 
     async def close(self) -> None: ...
+
+
+# Who wants to know when the engine has a request: the daemon sends a stream's head then, so the
+# client reads it while the engine computes the first token. Set per request, in the caller's task.
+on_handed_over: ContextVar[Callable[[], None] | None] = ContextVar("lingcode_on_handed_over", default=None)
+
+
+def handed_over() -> None:
+    """Called by an engine's generate() once the request is the engine's (see Engine)."""
+    if (callback := on_handed_over.get()) is not None:
+        callback()

@@ -27,7 +27,7 @@ import torch
 
 from lingcode.engine import (
     CPU_STREAM_INTERVAL_S, STREAM_INTERVAL_S, ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams,
-    TokenChunk,
+    TokenChunk, handed_over,
 )
 from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore, common_prefix
 from lingcode.engine.local.model import Transformer
@@ -142,6 +142,7 @@ class LocalEngine:
     ) -> AsyncIterator[TokenChunk]:
         chunks = ChunkChannel(asyncio.get_running_loop(), self.chunk_interval(params), self.hand_over_first)
         done = asyncio.wrap_future(self.submit(request_id, input_ids, params, chunks.put))
+        handed_over()
         try:
             while True:
                 chunk = await chunks.get()

@@ -39,7 +39,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from lingcode.engine import EngineError, ModelInfo, SamplingParams, TokenChunk, merge_chunks
+from lingcode.engine import EngineError, ModelInfo, SamplingParams, TokenChunk, handed_over, merge_chunks
 
 _HEADER = struct.Struct("!I")
 
@@ -124,6 +124,7 @@ class EngineProcess:
         try:
             await loop.sock_sendall(self._sock, _pack(("generate", request_id, list(input_ids),
                                                        replace(params, constraint=None), grammar)))  # fmt: skip
+            handed_over()
             while True:
                 kind, *rest = await queue.get()
                 if kind == "chunk":

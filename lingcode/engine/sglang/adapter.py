@@ -34,6 +34,7 @@ from lingcode.engine import (
     ModelInfo,
     SamplingParams,
     TokenChunk,
+    handed_over,
     merge_chunks,
 )
 
@@ -221,6 +222,7 @@ class SGLangEngine:
             response = await self._http().post(f"{self.url}/generate", json=body)
             if response.status != 200:
                 raise await _http_error(response)
+            handed_over()
             async for data in response.content.iter_any():
                 chunk = decoder.feed_bytes(data)
                 if chunk is None:
