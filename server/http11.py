@@ -30,7 +30,7 @@ _CONTINUE = b"HTTP/1.1 100 "  # an interim answer: the client waits for it befor
 class HeadWithBody:
     """One response's transport: holds the response head until the first body write, and sends both
     as one (everything else passes through). Every response sends its body right after its head:
-    a stream starts only once its first events are there (server/serving.py). A response with no
+    a stream's head goes with its opening frames, even empty ones (server/serving.py). A response with no
     body write (HEAD) sends its head when it completes, a closed connection before it closes."""
 
     __slots__ = ("_transport", "_head", "_held")

@@ -105,7 +105,7 @@ def errors_metric(client: TestClient) -> float:
                and sample.labels == {"route": "/v1/completions", "error": "EngineError"})  # fmt: skip
 
 
-def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in_process):
+def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in_process, engine, monkeypatch):
     client, fail_at = in_process
     body = {"prompt": "def add(a, b):", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     good = client.post("/v1/completions", json=body).json()
@@ -116,13 +116,19 @@ def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in
     assert response.status_code == 500
     error = response.json()["error"]
     assert error["code"] == "engine_error" and "injected fault" in error["message"]
-    fail_at(1)  # streamed, the response started once the engine had the request: an error event, then [DONE]
-    response = client.post("/v1/completions", json={**body, "stream": True})
-    assert response.status_code == 200
-    events = [block.removeprefix("data: ") for block in response.text.split("\n\n") if block.strip()]
-    assert events[-1] == "[DONE]" and len(events) == 2
-    error = json.loads(events[0])["error"]
-    assert error["code"] == "engine_error" and "injected fault" in error["message"]
+    for head_early in (False, True):  # streamed: where the head waits for the first chunk, a plain HTTP
+        monkeypatch.setattr(engine, "head_early", head_early)  # error too; else an error event, then [DONE]
+        fail_at(1)
+        response = client.post("/v1/completions", json={**body, "stream": True})
+        if head_early:
+            assert response.status_code == 200
+            events = [block.removeprefix("data: ") for block in response.text.split("\n\n") if block.strip()]
+            assert events[-1] == "[DONE]" and len(events) == 2
+            error = json.loads(events[0])["error"]
+        else:
+            assert response.status_code == 500
+            error = response.json()["error"]
+        assert error["code"] == "engine_error" and "injected fault" in error["message"]
 
     fail_at(4)  # mid-decode, after the stream has started: an error event, then [DONE]
     response = client.post("/v1/completions", json={**body, "stream": True})
@@ -139,9 +145,9 @@ def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in
     # A failed request may leave the KV cache half written: the engine forgot it, nothing stale was reused.
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     after = client.get("/v1/lingcode/stats").json()
-    assert after["engine"]["errors"] == before["errors"] + 3
+    assert after["engine"]["errors"] == before["errors"] + 4
     assert after["engine"]["running"] is None and after["scheduler"]["running"] is None
-    assert errors_metric(client) == errors_before + 3
+    assert errors_metric(client) == errors_before + 4
 
 
 # --- inputs the fuzzer found (each was a 500) -------------------------------------------------------

@@ -214,7 +214,8 @@ class ModelInfo:
 class Engine(Protocol):
     """One model, batch 1. generate() streams chunks; abort() ends a running request within a step.
     generate() calls handed_over() once the engine has the request, before it waits for the first
-    chunk; an error before that point means the engine never ran it."""
+    chunk (an error before that point means the engine never ran it); an engine whose first step
+    needs every core of the host leaves it out, and a stream's head waits for the first chunk."""
 
     info: ModelInfo
 

@@ -100,6 +100,9 @@ class LocalEngine:
         self.stream_interval_s = float(os.environ.get("LINGCODE_STREAM_INTERVAL_MS", 0)) / 1e3 or (
             CPU_STREAM_INTERVAL_S if all_cores else STREAM_INTERVAL_S)  # fmt: skip
         self.hand_over_first = all_cores  # ChunkChannel: the loop gets a core for the first token
+        # A stream's head goes out once the engine has the request, and the client reads it while the
+        # first step runs; where the step uses every core that reading slows the step as much.
+        self.head_early = not all_cores
         self.info = ModelInfo(
             name=checkpoint.name,
             context_length=cfg.context_length,
@@ -142,7 +145,8 @@ class LocalEngine:
     ) -> AsyncIterator[TokenChunk]:
         chunks = ChunkChannel(asyncio.get_running_loop(), self.chunk_interval(params), self.hand_over_first)
         done = asyncio.wrap_future(self.submit(request_id, input_ids, params, chunks.put))
-        handed_over()
+        if self.head_early:
+            handed_over()
         try:
             while True:
                 chunk = await chunks.get()

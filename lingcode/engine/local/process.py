@@ -10,7 +10,7 @@ step's threads hold no GIL while they compute, and the hop would cost the first 
 The two talk over two socket pairs, each message a length-prefixed pickle:
 
     requests  daemon -> child   ("generate", rid, input_ids, params, grammar)   ("close",)
-              child -> daemon   ("ready", info, stats) or ("failed", text)   then per request:
+              child -> daemon   ("ready", info, stats, head_early) or ("failed", text)   then per request:
                                 ("chunk", rid, chunk)..., and ("last", rid, chunk, stats) or ("error", rid, exception, stats)
     control   daemon -> child   ("abort", rid)   ("close",)
 
@@ -78,6 +78,7 @@ class EngineProcess:
         self._running: str | None = None
         self._reading = False
         self._gone: str | None = None  # why the child is no longer there
+        self.head_early = True
 
     @classmethod
     def start(cls, model_path, **load_args) -> "EngineProcess":
@@ -91,7 +92,7 @@ class EngineProcess:
         theirs.close()
         their_control.close()
         try:
-            kind, payload, *stats = _recv_blocking(ours)
+            kind, payload, *ready = _recv_blocking(ours)
         except (EOFError, OSError):
             process.wait()
             ours.close()
@@ -104,7 +105,7 @@ class EngineProcess:
             raise EngineError(payload)
         ours.setblocking(False)
         engine = cls(process, ours, control, payload)
-        engine._stats = stats[0]
+        engine._stats, engine.head_early = ready
         return engine
 
     # --- the Engine interface -------------------------------------------------------------------
@@ -124,7 +125,8 @@ class EngineProcess:
         try:
             await loop.sock_sendall(self._sock, _pack(("generate", request_id, list(input_ids),
                                                        replace(params, constraint=None), grammar)))  # fmt: skip
-            handed_over()
+            if self.head_early:  # as the engine in the child says (LocalEngine.head_early)
+                handed_over()
             while True:
                 kind, *rest = await queue.get()
                 if kind == "chunk":
@@ -328,7 +330,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # noqa: BLE001 - said to the daemon in one line
         sock.sendall(_pack(("failed", f"{type(exc).__name__}: {exc}")))
         return 1
-    sock.sendall(_pack(("ready", engine.info, engine.stats())))
+    sock.sendall(_pack(("ready", engine.info, engine.stats(), engine.head_early)))
     _serve(engine, sock, control)
     return 0
 
