@@ -33,8 +33,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -152,7 +151,7 @@ class Sampling:
 
 class ServingRequest(Request):
     """A request whose handler can send its response's head before it returns the response (a
-    stream's, once the engine has the request: EventStream)."""
+    stream's, once the engine has the request: StreamHead)."""
 
     def __init__(self, scope: Scope, receive: Receive, send: Send):
         super().__init__(scope, receive, send)
@@ -365,48 +364,25 @@ def close_soon(iterator: AsyncIterator) -> None:
 
 
 class EventStream(StreamingResponse):
-    """A server-sent event stream whose head goes out as soon as the engine has the request, with the
-    API's opening frames; else with the first frame, in one write (server/http11.py). Its generator
-    is always closed, however the stream ends."""
+    """A server-sent event stream whose first frame goes out at once, with its head unless that went
+    out already (StreamHead), and whose generator is always closed, however the stream ends."""
 
     media_type = "text/event-stream"
+    HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-    def __init__(self, request: ServingRequest, shape: Shape):
-        super().__init__((), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.request, self.shape = request, shape
-        self.opening: asyncio.Task | None = None  # sending the head and the opening, once the engine has the request
-
-    @contextmanager
-    def open_on_hand_over(self) -> Iterator[None]:
-        """While the first events are awaited: the engine's handed_over() starts the response."""
-        token = on_handed_over.set(self._open)
-        try:
-            yield
-        finally:
-            on_handed_over.reset(token)
-
-    def _open(self) -> None:
-        # called inside the engine's generate(); the task runs once the engine waits for its first step
-        if self.opening is None:
-            self.opening = asyncio.get_running_loop().create_task(self._send_opening())
-
-    async def _send_opening(self) -> None:
-        await self.request.send(self._start())
-        # the opening's write (even an empty one) sends the head the protocol holds for it
-        await self.request.send({"type": "http.response.body", "body": self.shape.opening().encode(), "more_body": True})
-
-    def _start(self) -> dict:
-        return {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+    def __init__(self, frames: AsyncIterator[str], opened: asyncio.Task | None = None):
+        super().__init__(frames, headers=self.HEADERS)
+        self.opened = opened  # StreamHead's task, which sent the head
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The first frame goes out from the handler's own task: Starlette's task group (which sends
-        # the rest while it listens for the client leaving) starts a turn of the loop later.
+        # The head and the first frame go out from the handler's own task: Starlette's task group
+        # (which sends the rest while it listens for the client leaving) starts a turn of the loop later.
         try:
             first = await anext(self.body_iterator, "")
-            if self.opening is None:
-                await send(self._start())
+            if self.opened is None:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             else:
-                await self.opening  # done long before: the engine has been computing since
+                await self.opened  # done long before: the engine has been computing since
             await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
         except BaseException:
             await aclose(self.body_iterator)
@@ -422,6 +398,38 @@ class EventStream(StreamingResponse):
             await aclose(self.body_iterator)
 
 
+_SSE_HEAD = EventStream(iter(())).raw_headers  # what every stream's head carries
+
+
+class StreamHead:
+    """While a stream's first events are awaited: once the engine has the request (its
+    handed_over()), send the head and the API's opening frames, so the client reads them while the
+    engine computes the first token. Before that point an error is still a proper HTTP error."""
+
+    __slots__ = ("request", "shape", "task", "_token")
+
+    def __init__(self, request: ServingRequest, shape: Shape):
+        self.request, self.shape = request, shape
+        self.task: asyncio.Task | None = None  # sending them, once the engine has the request
+
+    def __enter__(self) -> "StreamHead":
+        self._token = on_handed_over.set(self._open)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        on_handed_over.reset(self._token)
+
+    def _open(self) -> None:
+        # called inside the engine's generate(); the task runs once the engine waits for its first step
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        # the opening's write (even an empty one) sends the head the protocol holds for it
+        await self.request.send({"type": "http.response.body", "body": self.shape.opening().encode(), "more_body": True})
+
+
 # --- stream or collect ------------------------------------------------------------------------
 
 
@@ -429,16 +437,14 @@ async def respond(request: ServingRequest, events: AsyncIterator[list[TurnEvent]
     """One JSON response (shape.whole) or an SSE stream (shape.opening + shape.frames per list)."""
     try:
         if stream:
-            response = EventStream(request, shape)
-            with response.open_on_hand_over():
+            with StreamHead(request, shape) as head:
                 try:
                     first: list[TurnEvent] | Exception = await until_disconnected(request, _first(events))
                 except Exception as exc:
-                    if response.opening is None or isinstance(exc, ClientGone):
+                    if head.task is None or isinstance(exc, ClientGone):
                         raise
                     first = exc  # the response has started: the error goes in the stream
-            response.body_iterator = _frames(first, events, shape, opened=response.opening is not None)
-            return response
+            return EventStream(_frames(first, events, shape, opened=head.task is not None), head.task)
         end = await until_disconnected(request, _collect(events))
         return JSONResponse(_shaped(shape.whole, end))
     except ClientGone:
