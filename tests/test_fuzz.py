@@ -49,15 +49,16 @@ def openapi_doc(daemon, auth) -> dict:
     return response.json()
 
 
-def short_generation(body: object, fill_missing: bool) -> None:
-    """Cut a valid token budget (or, with fill_missing, a missing or null one) to a few tokens; invalid values
-    stay as generated. Invalid data must stay invalid: a body that left out a required max_tokens
-    (Anthropic's) is the case, and filling it in would make the daemon's 200 look like a miss."""
-    if not isinstance(body, dict):
+def short_generation(body: object, positive: bool) -> None:
+    """In valid data, cut a token budget (a missing or null one too) to a few tokens. Invalid data
+    stays as generated: a body that left out a required max_tokens (Anthropic's), or one whose
+    budget is over the schema's maximum, is the case, and a cut would make the daemon's 200 look
+    like a miss. The daemon refuses such a body before it generates anything."""
+    if not isinstance(body, dict) or not positive:
         return
     for field in TOKEN_FIELDS:
         value = body.get(field)
-        if (fill_missing and value is None) or (type(value) is int and value > MAX_FUZZ_TOKENS):
+        if value is None or (type(value) is int and value > MAX_FUZZ_TOKENS):
             body[field] = MAX_FUZZ_TOKENS
 
 
@@ -69,7 +70,7 @@ def fuzz(operation, mode: GenerationMode, auth: dict, new_session) -> None:
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
     def run(case, existing_session):
-        short_generation(case.body, fill_missing=mode is GenerationMode.POSITIVE)
+        short_generation(case.body, positive=mode is GenerationMode.POSITIVE)
         if existing_session and "session_id" in (case.path_parameters or {}):
             case.path_parameters["session_id"] = new_session()
         case.call_and_validate(headers=dict(auth), checks=CHECKS, timeout=120)
