@@ -383,6 +383,8 @@ class EventStream(StreamingResponse):
                 await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             else:
                 await self.opened  # done long before: the engine has been computing since
+            if (trace := metrics.trace.get()) is not None:
+                trace.mark("until_first_events")  # the first token's frames, handed to the socket
             await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
         except BaseException:
             await aclose(self.body_iterator)

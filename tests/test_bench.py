@@ -105,12 +105,20 @@ def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
         assert row["tpot_ratio"] > 0 and row["tpot_ratio_paired"] > 0 and row["client_floor_ms"] > 0
         # the daemon's trace: what came before the engine, and the first body after it
         assert 0 < row["trace_cached_ms"]["until_engine"] < row["trace_cached_ms"]["until_first_body"]
+        assert row["trace_cached_ms"]["until_first_body"] <= row["trace_cached_ms"]["until_first_events"]
+        # the client's own share on either side, by the clock it shares with the daemon
+        assert 0 < row["client_to_daemon_ms"] and 0 < row["client_after_first_events_ms"]
+        assert row["client_to_daemon_ms"] + row["client_after_first_events_ms"] < row["ttft_cached_daemon_ms"]
+        assert "arrived_at" not in row["trace_cached_ms"]
+        # the daemon's own part of the added first-token time: within the whole of it
+        assert row["ttft_added_in_daemon_ms"] < row["ttft_cached_daemon_ms"] - row["client_to_daemon_ms"]
     assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp", "socket"}
     assert "| speculation | workload | client |" in out.with_suffix(".md").read_text()
     # every workload's pairs pooled per client: 2 rounds x (cold, cached) x 3 workloads, first tokens cached only
     assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in report["pooled"]] == [
         ("httpx", 12, 6), ("aiohttp", 12, 6), ("socket", 12, 6)]
     assert all(r["tpot_ratio_paired"] > 0 and r["ttft_added_paired_ms"] is not None for r in report["pooled"])
+    assert all(r["ttft_added_in_daemon_ms"] is not None for r in report["pooled"])
     # --report summarizes the saved samples again, measuring nothing: the same figures
     again = tmp_path / "again"
     done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--report", str(out.with_suffix(".json")),

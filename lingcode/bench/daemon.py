@@ -15,7 +15,10 @@ Reported per workload and speculation mode (medians):
 - ms per output token, direct and through the daemon, and their ratio;
 - time to first token on a cached prompt, direct and through the daemon, and the difference;
   and each client's floor: the same client and request against a server that answers at once
-  (what the client itself costs; the difference less the floor is the daemon's own part);
+  (what the client itself costs);
+- that difference split by the clock the client and the daemon share (perf_counter's, one per
+  machine): the client sending (until the daemon has the request), the daemon (from then until it
+  writes the first events, less the direct request's time to its first token), the client reading;
 - where the daemon's time went (`timings.trace`, asked for with the X-Lingcode-Trace header):
   body and validation, template and tokenization, queueing, the engine's first chunk,
   detokenization, stop strings, reasoning and tool parsing, response shaping (SSE framing),
@@ -175,6 +178,10 @@ class Sample:
     engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
     input: str = ""  # the workload's input this round (stdlib: the function; prompts: the file's line)
     engine_sleeps: int | None = None  # the native CPU step's barrier sleeps in this request (last_request)
+    # the daemon's, on the clock it shares with the client: from the client's call to the request's
+    # arrival in the daemon, and from the daemon's write of the first events to the client's first token
+    to_daemon_ms: float | None = None
+    after_first_events_ms: float | None = None
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -218,9 +225,12 @@ async def direct_sglang(client: httpx.AsyncClient, input_ids: list[int], max_tok
     return (first - started) * 1e3, _tpot(first, last, len(ids)), ids
 
 
-async def through_daemon(client, messages: list[dict], max_tokens: int) -> tuple[float, float | None, int, str, dict]:
+async def through_daemon(client, messages: list[dict], max_tokens: int
+                         ) -> tuple[float, float | None, int, str, dict, tuple[float | None, float | None]]:  # fmt: skip
     """A streamed chat completion read by `client` (an httpx.AsyncClient or an aiohttp.ClientSession):
-    client-side ttft and tpot, tokens, text, and the daemon's trace."""
+    client-side ttft and tpot, tokens, text, the daemon's trace, and the client's own share of the
+    first token (ms): until the daemon had the request, and from its write of the first events on
+    (None where the answer has no trace: the floor's)."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     started, first, last, parts, tokens, trace = time.perf_counter(), None, None, [], 0, {}
@@ -238,7 +248,12 @@ async def through_daemon(client, messages: list[dict], max_tokens: int) -> tuple
                 trace = chunk.get("timings", {}).get("trace", {})
         if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
-    return (first - started) * 1e3, _tpot(first, last, tokens), tokens, "".join(parts), trace
+    arrived = trace.pop("arrived_at", None)
+    to_daemon = after_first_events = None
+    if arrived is not None and "until_first_events" in trace:
+        to_daemon = arrived - started * 1e3
+        after_first_events = first * 1e3 - (arrived + trace["until_first_events"])
+    return (first - started) * 1e3, _tpot(first, last, tokens), tokens, "".join(parts), trace, (to_daemon, after_first_events)
 
 
 async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
@@ -565,12 +580,14 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                                           engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
 
                         async def measure_daemon(client: str, cached: bool) -> Sample:
-                            ttft, tpot, n, text, trace = await through_daemon(clients[client], messages, args.max_tokens)
+                            ttft, tpot, n, text, trace, (to_daemon, after_first_events) = await through_daemon(
+                                clients[client], messages, args.max_tokens)  # fmt: skip
                             last = (await stats_client.get("/v1/lingcode/stats")).json()["engine"].get("last_request", {})
                             return Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
                                           last.get("decode_ms"), client=client, engine_steps=last.get("decode_steps"),
                                           engine_first_ms=last.get("first_chunk_ms"),
-                                          engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
+                                          engine_sleeps=last.get("barrier_sleeps"), input=label,
+                                          to_daemon_ms=to_daemon, after_first_events_ms=after_first_events)  # fmt: skip
 
                         if label != workload:
                             # A new input: each engine answers it once first, unmeasured, so that every
@@ -660,6 +677,14 @@ def _paired_ratios(direct: list[Sample], daemon: list[Sample]) -> list[float]:
     return [b.tpot_ms / a.tpot_ms for a, b in zip(direct, daemon) if a.tpot_ms and b.tpot_ms]
 
 
+def _in_daemon(direct: list[Sample], daemon: list[Sample]) -> list[float]:
+    """Of each cached pair's added first-token time, the daemon's part: from the request's arrival
+    until it began writing the first events, less the direct request's whole time to its first token
+    (the same engine work). The rest of the added time is the client's own, sending and reading."""
+    return [b.trace["until_first_events"] - a.ttft_ms for a, b in zip(direct, daemon)
+            if a.cached and b.cached and "until_first_events" in b.trace]  # fmt: skip
+
+
 def pooled(samples: list[Sample]) -> list[dict]:
     """Every workload's pairs together, per drafting mode and client: each daemon request against the
     direct request paired with it in its round. A row's 24-100 pairs leave an interval wider than
@@ -667,17 +692,20 @@ def pooled(samples: list[Sample]) -> list[dict]:
     rows = []
     for speculation in dict.fromkeys(s.speculation for s in samples):
         for client in CLIENTS:
-            ratios, added = [], []
+            ratios, added, in_daemon = [], [], []
             for workload in dict.fromkeys(s.workload for s in samples):
                 group = [s for s in samples if s.speculation == speculation and s.workload == workload and s.client == client]
                 direct = [s for s in group if s.side == "direct"]
                 daemon = [s for s in group if s.side == "daemon"]
                 ratios += _paired_ratios(direct, daemon)
                 added += [b.ttft_ms - a.ttft_ms for a, b in zip(direct, daemon) if a.cached and b.cached]
+                in_daemon += _in_daemon(direct, daemon)
             if ratios or added:
                 rows.append({"speculation": speculation, "client": client, "pairs": len(ratios), "ttft_pairs": len(added),
                              "tpot_ratio_paired": _median(ratios), "tpot_ratio_paired_interval": median_interval(ratios),
-                             "ttft_added_paired_ms": _median(added), "ttft_added_paired_interval": median_interval(added)})  # fmt: skip
+                             "ttft_added_paired_ms": _median(added), "ttft_added_paired_interval": median_interval(added),
+                             "ttft_added_in_daemon_ms": _median(in_daemon),
+                             "ttft_added_in_daemon_interval": median_interval(in_daemon)})  # fmt: skip
     return rows
 
 
@@ -702,6 +730,7 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         "ttft_cached_direct_ms": ttft_direct, "ttft_cached_daemon_ms": ttft_daemon,
         "ttft_added_ms": added, "client_floor_ms": floor,
         "ttft_added_less_floor_ms": added - floor if added is not None and floor is not None else None,
+        "ttft_added_in_daemon_ms": _median(_in_daemon(direct, daemon)),
         "engine_decode_ratio": decode_daemon / decode_direct if decode_direct and decode_daemon else None,
         # the engine's own time to its first chunk, from when it took the request: what of the added
         # first-token time is the engine's (a slower first step) and what the way to and from it
@@ -718,6 +747,8 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         "engine_steps_direct": _median(s.engine_steps for s in direct),
         "engine_steps_daemon": _median(s.engine_steps for s in daemon),
         "same_text": all(a.text == b.text for a, b in zip(direct, daemon)),
+        "client_to_daemon_ms": _median(s.to_daemon_ms for s in daemon if s.cached),
+        "client_after_first_events_ms": _median(s.after_first_events_ms for s in daemon if s.cached),
         "trace_cached_ms": trace,
     }  # fmt: skip
 
@@ -726,8 +757,8 @@ def _fmt(value, digits=3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _interval(bounds) -> str:
-    return "" if not bounds else f" ({bounds[0]:.3f}-{bounds[1]:.3f})"
+def _interval(bounds, digits: int = 3) -> str:
+    return "" if not bounds else f" ({bounds[0]:.{digits}f}-{bounds[1]:.{digits}f})"
 
 
 def markdown(report: dict) -> str:
@@ -737,9 +768,10 @@ def markdown(report: dict) -> str:
              "",
              "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
+             "added in the daemon (ms) | "
              "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | "
              "decode steps, direct / daemon | barrier sleeps a token, direct / daemon | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
                      f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
@@ -747,6 +779,7 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r['ttft_cached_direct_ms'], 2)} | "
                      f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
                      f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
+                     f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
                      f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
                      f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
@@ -756,29 +789,34 @@ def markdown(report: dict) -> str:
         lines += ["", "All workloads pooled (each daemon request against the direct request paired with it, "
                   "median and 95 % interval):", "",
                   "| speculation | client | pairs, per token / first token | ms/token, daemon over direct | "
-                  "added TTFT, cached (ms) |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+                  "added TTFT, cached (ms) | of it in the daemon (ms) |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for r in report["pooled"]:
-            bounds = r["ttft_added_paired_interval"]
             lines.append(f"| {r['speculation']} | {r['client']} | {r['pairs']} / {r['ttft_pairs']} | "
                          f"{_fmt(r['tpot_ratio_paired'])}{_interval(r['tpot_ratio_paired_interval'])} | "
-                         f"{_fmt(r['ttft_added_paired_ms'], 2)}"
-                         + (f" ({bounds[0]:.2f}-{bounds[1]:.2f})" if bounds else "") + " |")  # fmt: skip
+                         f"{_fmt(r['ttft_added_paired_ms'], 2)}{_interval(r['ttft_added_paired_interval'], 2)} | "
+                         f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)}{_interval(r.get('ttft_added_in_daemon_interval'), 2)} |")  # fmt: skip
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
               "direct request paired with it, with its 95 % interval (bootstrap). The client floor is the same client "
               "and request against a server that answers at once (the HTTP client's own cost, which no server can "
-              "remove). The engine's first chunk: "
+              "remove). Added in the daemon: from the request's arrival until it began writing the first events, less "
+              "the direct request's time to its first token; the rest of the added time is the client's, sending "
+              "and reading (after an engine step it reads slower than the floor shows: caches the step evicted). "
+              "The engine's first chunk: "
               "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
               "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets). "
               "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "
               "core taken by other work), per token.", "",
-              "Where the daemon's time went on the cached requests (`timings.trace`, ms, medians; `until_*` from "
-              "the request's arrival, the rest summed over the request):", ""]  # fmt: skip
+              "Where the time went on the cached requests (ms, medians). On the client's side, by the clock "
+              "it shares with the daemon: from its call until the daemon had the request, and from the daemon's "
+              "write of the first events until the client read the first token. In the daemon (`timings.trace`): "
+              "`until_*` from the request's arrival, the rest summed over the request:", ""]  # fmt: skip
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})
-    lines.append("| speculation | workload | client | " + " | ".join(stages) + " |")
-    lines.append("|---|---|---|" + "---|" * len(stages))
+    lines.append("| speculation | workload | client | client to daemon | first events to client | " + " | ".join(stages) + " |")
+    lines.append("|---|---|---|---|---|" + "---|" * len(stages))
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | "
+                     f"{_fmt(r.get('client_to_daemon_ms'))} | {_fmt(r.get('client_after_first_events_ms'))} | "
                      + " | ".join(_fmt(r["trace_cached_ms"].get(k)) for k in stages) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
