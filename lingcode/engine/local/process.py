@@ -69,16 +69,17 @@ def _recv_blocking(sock: socket.socket) -> tuple:
 class EngineProcess:
     """An Engine whose model runs in a child process (start() loads it there)."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, control: socket.socket, info: ModelInfo):
+    def __init__(self, process: subprocess.Popen, sock: socket.socket, control: socket.socket, info: ModelInfo,
+                 stats: dict, head_early: bool):  # fmt: skip
         self.process, self.info = process, info
         self._sock, self._control = sock, control
         self._buffer = b""
         self._streams: dict[str, asyncio.Queue] = {}
-        self._stats: dict = {}
+        self._stats = stats
         self._running: str | None = None
         self._reading = False
         self._gone: str | None = None  # why the child is no longer there
-        self.head_early = True
+        self.head_early = head_early  # as the engine in the child says (LocalEngine.head_early)
 
     @classmethod
     def start(cls, model_path, **load_args) -> "EngineProcess":
@@ -104,9 +105,7 @@ class EngineProcess:
             control.close()
             raise EngineError(payload)
         ours.setblocking(False)
-        engine = cls(process, ours, control, payload)
-        engine._stats, engine.head_early = ready
-        return engine
+        return cls(process, ours, control, payload, *ready)
 
     # --- the Engine interface -------------------------------------------------------------------
 
@@ -125,7 +124,7 @@ class EngineProcess:
         try:
             await loop.sock_sendall(self._sock, _pack(("generate", request_id, list(input_ids),
                                                        replace(params, constraint=None), grammar)))  # fmt: skip
-            if self.head_early:  # as the engine in the child says (LocalEngine.head_early)
+            if self.head_early:
                 handed_over()
             while True:
                 kind, *rest = await queue.get()
