@@ -41,6 +41,7 @@ from lingcode.server.openai.completions import CompletionsServing
 from lingcode.server.responses.serving import ResponsesServing
 from lingcode.server.sessions.serving import SessionsServing
 from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
+from lingcode.text.chat_template import compile_template
 
 
 def create_app(
@@ -63,6 +64,7 @@ def create_app(
                            allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])  # fmt: skip
     app.add_middleware(AccessGuard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
     app.add_middleware(RequestObserver, routes=app.router.routes)
+    compile_template(info.chat_template)  # here, not in the first request
     sessions = SessionStore(session_idle_s)
     served = (scheduler, info, model_id, max_body_bytes)
     editor = EditorServing(*served)

@@ -31,6 +31,16 @@ def _compile(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
+def compile_template(template: str | None) -> None:
+    """Compile a template before its first render, which would otherwise pay for it (the daemon's
+    first request). One that does not compile is left for each render to report."""
+    if template:
+        try:
+            _compile(template)
+        except jinja2.TemplateError:
+            pass
+
+
 def render_chat(
     template: str | None,
     messages: list[dict],
