@@ -41,6 +41,8 @@ from lingcode.server.openai.completions import CompletionsServing
 from lingcode.server.responses.serving import ResponsesServing
 from lingcode.server.sessions.serving import SessionsServing
 from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
+from lingcode.agent import grammar
+from lingcode.agent.tool_prompt import template_takes_tools
 from lingcode.text.chat_template import compile_template
 
 
@@ -64,7 +66,7 @@ def create_app(
                            allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])  # fmt: skip
     app.add_middleware(AccessGuard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
     app.add_middleware(RequestObserver, routes=app.router.routes)
-    compile_template(info.chat_template)  # here, not in the first request
+    ready_first_requests(info)
     sessions = SessionStore(session_idle_s)
     served = (scheduler, info, model_id, max_body_bytes)
     editor = EditorServing(*served)
@@ -103,3 +105,13 @@ def create_app(
 
     add_metrics_route(app, scheduler)
     return app
+
+
+def ready_first_requests(info: ModelInfo) -> None:
+    """Build now what the first request of a kind would otherwise build while its client waits
+    (~0.35 s in all on 2 cores): the chat template and the variables it reads, the tokenizer the
+    editor's prompts use, the grammar compiler (the engine's own process builds its own)."""
+    compile_template(info.chat_template)
+    template_takes_tools(info.chat_template)
+    info.tokenizer.encode_text("")
+    grammar.prepare(info.tokenizer, info.eos_token_ids)

@@ -66,6 +66,18 @@ def test_a_forced_tool_call_is_constrained_in_the_child(isolated):
     assert set(json.loads(call.function.arguments)) == {"city"}
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the daemon's mappings in /proc")
+def test_the_daemon_checks_a_requests_grammar_without_torch(isolated):
+    # Only the child masks logits. The daemon compiles a grammar to check it, and importing torch
+    # for that cost its first constrained request ~1.2 s.
+    process, url, token, _ = isolated
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=token)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "A JSON object, please."}],
+                                           response_format={"type": "json_object"}, max_tokens=16, **GREEDY)  # fmt: skip
+    assert reply.choices[0].message.content.lstrip().startswith("{")
+    assert "libtorch" not in Path(f"/proc/{process.pid}/maps").read_text()
+
+
 def test_a_client_that_leaves_aborts_the_request_in_the_child(isolated):
     _, url, token, _ = isolated
     before = _stats(url, token)

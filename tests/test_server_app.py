@@ -207,14 +207,23 @@ async def test_an_engine_error_after_it_took_the_request_is_an_error_event(engin
     assert error["type"] == "error" and "out of memory" in error["error"]["message"], text
 
 
-def test_the_chat_template_is_compiled_before_the_first_request(serve, engine):
-    # Compiling the template costs the daemon's first request ~6 ms on 2 cores; create_app pays it instead.
+
+def test_what_first_requests_would_build_is_built_with_the_app(serve, engine):
+    # Each of these cost the first request of its kind 3-240 ms on 2 cores; create_app builds them.
+    from lingcode.agent import grammar, tool_prompt
     from lingcode.text import chat_template
 
+    tokenizer = engine.info.tokenizer
     chat_template._compile.cache_clear()
-    client, _ = serve(engine.info.tokenizer.encode("Hello"))
+    tool_prompt.template_variables.cache_clear()
+    tokenizer._plain = None
+    grammar._compilers.pop(id(tokenizer), None)
+    client, _ = serve(tokenizer.encode("Hello"))
+    assert chat_template._compile.cache_info().currsize == 1
+    assert tool_prompt.template_variables.cache_info().currsize == 1
+    assert tokenizer._plain is not None  # encode_text()'s, for the editor's prompts
+    assert id(tokenizer) in grammar._compilers
     compiled = chat_template._compile.cache_info()
-    assert compiled.currsize == 1
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 200, response.text
     assert chat_template._compile.cache_info().misses == compiled.misses  # the request compiled nothing

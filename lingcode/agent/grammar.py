@@ -103,16 +103,24 @@ def _compiler(tokenizer: Tokenizer, stop_ids: tuple[int, ...]) -> _Compiler:
         return _compilers[key]
 
 
+def prepare(tokenizer: Tokenizer, stop_ids: tuple[int, ...]) -> None:
+    """Build the model's compiler now (~0.25 s on 2 cores, holding the GIL) rather than in the first
+    constrained request; a no-op where llguidance cannot be imported."""
+    try:
+        _compiler(tokenizer, stop_ids)
+    except GrammarUnavailable:
+        pass
+
+
 class GrammarConstraint:
     """Per request: a grammar matcher and its token bitmask (filled on the CPU, applied where the logits are)."""
 
     def __init__(self, matcher, vocab_size: int):
-        import torch
-
         self.matcher = matcher
         self.vocab_size = vocab_size
-        words = (vocab_size + 31) // 32
-        self.bitmask = torch.empty(words, dtype=torch.int32, pin_memory=torch.cuda.is_available())
+        # Made at the first mask: a daemon whose engine runs in its own process compiles a request's
+        # grammar only to check it, and would otherwise import torch for it (~1.2 s, once).
+        self.bitmask: torch.Tensor | None = None
         self._bits: dict[torch.device, torch.Tensor] = {}
         self.tokens_accepted = 0
         self.source: tuple | None = None  # (stop_ids, kind, spec), as constraint() was called
@@ -120,6 +128,9 @@ class GrammarConstraint:
     def mask_logits(self, logits: torch.Tensor) -> None:
         import torch
 
+        if self.bitmask is None:
+            words = (self.vocab_size + 31) // 32
+            self.bitmask = torch.empty(words, dtype=torch.int32, pin_memory=torch.cuda.is_available())
         self.matcher.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), self.bitmask.numel() * 4)  # drops the GIL
         if self.matcher.is_error():
             raise GrammarError(f"the grammar failed at this token: {_first_line(self.matcher.get_error())}")

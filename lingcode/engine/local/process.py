@@ -325,7 +325,10 @@ def main(argv: list[str]) -> int:
     try:
         from lingcode.engine.local import load_engine
 
+        from lingcode.agent import grammar
+
         engine = load_engine(args.pop("model_path"), **args)
+        grammar.prepare(engine.info.tokenizer, engine.info.eos_token_ids)  # not in the first constrained request
     except Exception as exc:  # noqa: BLE001 - said to the daemon in one line
         sock.sendall(_pack(("failed", f"{type(exc).__name__}: {exc}")))
         return 1
