@@ -2,10 +2,10 @@
 
     python first_requests.py --tree new=/work/main --tree old=/tmp/old --starts 3 --out runs.json
 
-Each start runs `python -m lingcode serve --port 0 --device cpu --speculation off` from one tree
+Each start runs `python -m lingcode serve --port 0 --device D --speculation off` from one tree
 (its own LINGCODE_HOME, kept across its starts, so the prepared model is built once), trees
 alternating, with the engine in the daemon's process and then in one of its own
-(LINGCODE_ENGINE_PROCESS). Once it answers /health, one request of each kind, in KINDS' order,
+(LINGCODE_ENGINE_PROCESS; --placements). Once it answers /health, one request of each kind, in KINDS' order,
 each followed by another of the same kind with a different prompt, every one traced
 (x-lingcode-trace): the daemon's `until_engine` (its own time before the engine had the
 request) and `grammar` stages, and the client's time to the whole answer (4 tokens).
@@ -46,16 +46,19 @@ KINDS = {  # name: (path, body for the n-th request of the kind)
 }
 
 
-def start(tree: Path, home: Path, engine_process: str) -> tuple[subprocess.Popen, str, str]:
+def start(tree: Path, home: Path, engine_process: str, device: str, model: str | None
+          ) -> tuple[subprocess.Popen, str, str]:  # fmt: skip
     (home / "state" / "daemon.json").unlink(missing_ok=True)
     env = {**os.environ, "LINGCODE_HOME": str(home), "LINGCODE_ENGINE_PROCESS": engine_process}
-    proc = subprocess.Popen([sys.executable, "-m", "lingcode", "serve", "--port", "0", "--device", "cpu",
-                             "--speculation", "off"], cwd=tree, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    model_args = ["--model", model] if model else []
+    proc = subprocess.Popen([sys.executable, "-m", "lingcode", "serve", "--port", "0", "--device", device,
+                             "--speculation", "off", *model_args], cwd=tree, env=env,
+                            stdout=(home / "serve.log").open("w"), stderr=subprocess.STDOUT)  # fmt: skip
     record = home / "state" / "daemon.json"
     while not record.exists():
         if proc.poll() is not None:
-            raise RuntimeError(f"lingcode serve from {tree} exited {proc.returncode}")
+            raise RuntimeError(f"lingcode serve from {tree} exited {proc.returncode}: "
+                               f"{(home / 'serve.log').read_text()[-2000:]}")  # fmt: skip
         time.sleep(0.1)
     info = json.loads(record.read_text())
     return proc, info["url"], Path(info["token_file"]).read_text().strip()
@@ -84,15 +87,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tree", action="append", required=True, help="LABEL=PATH of a source tree")
     parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", help="a .gguf file (default: the daemon's own default)")
+    parser.add_argument("--placements", default="0,1", help="LINGCODE_ENGINE_PROCESS values, in order")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
     homes = {label: Path(tempfile.mkdtemp(prefix=f"first-{label}-")) for label in trees}
     runs = []
-    for engine_process in ("0", "1"):
+    placements = args.placements.split(",")
+    for engine_process in placements:
         for i in range(args.starts):
             for label, tree in trees.items():
-                proc, url, token = start(Path(tree), homes[label], engine_process)
+                proc, url, token = start(Path(tree), homes[label], engine_process, args.device, args.model)
                 try:
                     runs.append({"tree": label, "engine_process": engine_process, "start": i,
                                  "requests": requests(url, token)})  # fmt: skip
@@ -102,7 +109,7 @@ def main() -> None:
                 print(label, engine_process, i, flush=True)
     Path(args.out).write_text(json.dumps(runs, indent=1))
     # medians over starts: until_engine (ms), first / second of each kind
-    for engine_process in ("0", "1"):
+    for engine_process in placements:
         print(f"\nengine in its own process: {engine_process == '1'}; until_engine ms, first / second "
               "(median of starts); client ms for the first")
         print("| kind | " + " | ".join(trees) + " |")
