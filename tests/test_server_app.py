@@ -207,7 +207,6 @@ async def test_an_engine_error_after_it_took_the_request_is_an_error_event(engin
     assert error["type"] == "error" and "out of memory" in error["error"]["message"], text
 
 
-
 def test_what_first_requests_would_build_is_built_with_the_app(serve, engine):
     # Each of these cost the first request of its kind 3-240 ms on 2 cores; create_app builds them.
     from lingcode.agent import grammar, tool_prompt
@@ -227,3 +226,20 @@ def test_what_first_requests_would_build_is_built_with_the_app(serve, engine):
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 200, response.text
     assert chat_template._compile.cache_info().misses == compiled.misses  # the request compiled nothing
+
+
+def test_a_grammar_compiler_that_cannot_be_built_does_not_stop_the_app(serve, engine, monkeypatch):
+    # Built at startup only to spare the first constrained request: that request reports a failure.
+    from lingcode.agent import grammar
+
+    def unreadable(*args):
+        raise ValueError("a tokenizer llguidance cannot read")
+
+    monkeypatch.setattr(grammar, "_Compiler", unreadable)
+    grammar._compilers.pop(id(engine.info.tokenizer), None)
+    client, _ = serve(engine.info.tokenizer.encode("Hello"))
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert response.status_code == 200, response.text
+    constrained = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                            "response_format": {"type": "json_object"}})  # fmt: skip
+    assert constrained.status_code == 500

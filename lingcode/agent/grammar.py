@@ -105,10 +105,11 @@ def _compiler(tokenizer: Tokenizer, stop_ids: tuple[int, ...]) -> _Compiler:
 
 def prepare(tokenizer: Tokenizer, stop_ids: tuple[int, ...]) -> None:
     """Build the model's compiler now (~0.25 s on 2 cores, holding the GIL) rather than in the first
-    constrained request; a no-op where llguidance cannot be imported."""
+    constrained request. One that cannot be built (no llguidance here, a tokenizer it cannot read)
+    is left for that request, which tries again and reports why: the daemon starts either way."""
     try:
         _compiler(tokenizer, stop_ids)
-    except GrammarUnavailable:
+    except Exception:  # noqa: BLE001
         pass
 
 

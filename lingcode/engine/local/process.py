@@ -323,9 +323,8 @@ def main(argv: list[str]) -> int:
     if sys.platform == "linux":
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)
     try:
-        from lingcode.engine.local import load_engine
-
         from lingcode.agent import grammar
+        from lingcode.engine.local import load_engine
 
         engine = load_engine(args.pop("model_path"), **args)
         grammar.prepare(engine.info.tokenizer, engine.info.eos_token_ids)  # not in the first constrained request
