@@ -1,5 +1,9 @@
-"""Wake-ups during steps: a thread of this process (GIL held) or another process burns B us once per 16 steps;
-elastic on/off alternating blocks of 16 steps; paired ratios."""
+"""Wake-ups during steps (scratch, elastic.patch applied): a thread of this process (holding the GIL)
+or another process burns B us once per 16 steps, at step 8; elastic on/off alternating blocks of 16
+steps. Prints the paired ratio of the blocks, and each mode's mean time of steps 6-13 around the wake.
+
+    python wake5.py thread|process BURN_US BLOCKS
+"""
 import os, sys, time, threading, statistics, random, subprocess, torch
 from lingcode import models
 from lingcode.engine.local import load_engine, cpu_native
@@ -27,6 +31,8 @@ while True:
     fd = child.stdin.fileno()
     poke = lambda: os.write(fd, b"x")
 c = torch.randint(100, 40000, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+K = 16
+steps = {True: [[] for _ in range(K)], False: [[] for _ in range(K)]}
 res = {True: [], False: []}
 with torch.inference_mode():
     eng.step(c, 0)
@@ -34,14 +40,20 @@ with torch.inference_mode():
         for on in ((True, False) if k % 2 == 0 else (False, True)):
             mod._set_elastic(on)
             t0 = time.perf_counter()
-            for i in range(16):
+            for i in range(K):
                 if i == 8: poke()
+                s0 = time.perf_counter()
                 eng.step([5], 200 + i)
-            res[on].append((time.perf_counter() - t0) / 16 * 1e3)
+                steps[on][i].append((time.perf_counter() - s0) * 1e3)
+            res[on].append((time.perf_counter() - t0) / K * 1e3)
 def boot(v):
     rs = sorted(statistics.median(random.choices(v, k=len(v))) for _ in range(1000))
     return rs[25], rs[975]
 r = [a / b for a, b in zip(res[True], res[False])]
-d = [(a - b) * 16 for a, b in zip(res[True], res[False])]
+d = [(a - b) * K for a, b in zip(res[True], res[False])]
 lo, hi = boot(r)
-print(f"{kind} burning {burn} us per 16 steps: off {statistics.median(res[False]):.3f}, on {statistics.median(res[True]):.3f} ms/step; on/off paired {statistics.median(r):.4f} ({lo:.4f}-{hi:.4f}); per wake on-off {statistics.median(d):.3f} ms; take_overs {native.take_overs()}")
+print(f"{kind} burning {burn} us per {K} steps: off {statistics.median(res[False]):.3f}, on {statistics.median(res[True]):.3f} ms/step; "
+      f"on/off paired {statistics.median(r):.4f} ({lo:.4f}-{hi:.4f}); per wake on-off {statistics.median(d):.3f} ms; take_overs {native.take_overs()}")
+for on in (True, False):
+    mean = [statistics.mean(v) for v in steps[on]]
+    print(f"elastic={on}: mean ms of steps 6..13: " + " ".join(f"{m:.2f}" for m in mean[6:14]) + f"; sum of all {sum(mean):.2f}")
