@@ -163,8 +163,8 @@ async def test_abort_frees_the_engine_within_a_step(engine):
     assert after["aborted"] == before["aborted"] + 1
     assert after["last_request"]["finish_reason"] == "abort"
     assert after["last_request"]["steps_after_abort"] <= 1
-    # three chunks: on the CPU the loop is woken at most every 50 ms (ChunkChannel), 2 x 50 ms of steps
-    assert after["last_request"]["generated_tokens"] < 200
+    # three chunks: on the CPU the loop is woken at most every 100 ms (ChunkChannel), 2 x 100 ms of steps
+    assert after["last_request"]["generated_tokens"] < 400
     _, last = await collect(scheduler, engine, "next", ids, SamplingParams(max_tokens=2, **GREEDY))
     assert last.finish_reason == "length"
 

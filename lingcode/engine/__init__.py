@@ -105,8 +105,8 @@ def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
 STREAM_INTERVAL_S = 0.004
 # The same where the engine's threads use every core (the CPU engine): each wake-up there takes a
 # core from the step, for the loop's work and then the client's, so fewer of them (a text still
-# streams at 20 updates a second).
-CPU_STREAM_INTERVAL_S = 0.05
+# streams at 10 updates a second, a terminal progress bar's rate).
+CPU_STREAM_INTERVAL_S = 0.1
 # There the woken loop may also wait for a timeslice before it runs, the first token with it: the
 # worker hands its core over until the loop has passed the first chunk on, at most this long.
 FIRST_HAND_OVER_S = 0.005
