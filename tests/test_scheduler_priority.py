@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from lingcode.text.chat_template import render_chat
-from lingcode.engine import SamplingParams
+from lingcode.engine import STREAM_INTERVAL_S, SamplingParams
 from lingcode.pipeline.generation import generate_text
 from lingcode.pipeline.scheduler import Priority, Scheduler
 
@@ -42,7 +42,10 @@ async def until(condition, what: str, timeout_s: float = 120.0):
         await asyncio.sleep(0.005)
 
 
-async def test_a_completion_preempts_a_running_chat_which_resumes_after_it(engine):
+async def test_a_completion_preempts_a_running_chat_which_resumes_after_it(engine, monkeypatch):
+    # the chat's tokens reach the loop every few ms, not at the CPU's 10 a second: it is seen
+    # streaming well before its 24 tokens end, on any machine
+    monkeypatch.setattr(engine, "stream_interval_s", STREAM_INTERVAL_S)
     scheduler = Scheduler(engine)
     chat, log = chat_ids(engine, "Tell me a long story about the sea."), []
     chat_task = asyncio.create_task(
