@@ -176,6 +176,7 @@ class Sample:
     client: str = ""  # the daemon's and the floor's: one of CLIENTS
     engine_steps: int | None = None  # the engine's decode steps (with drafts: fewer than tokens)
     engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
+    engine_hand_over_ms: float | None = None  # the engine held by its first chunk's hand-over (last_request)
     input: str = ""  # the workload's input this round (stdlib: the function; prompts: the file's line)
     engine_sleeps: int | None = None  # the native CPU step's barrier sleeps in this request (last_request)
     # the daemon's, on the clock it shares with the client: from the client's call to the request's
@@ -577,6 +578,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                                           info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
                                           client=client, engine_steps=last.get("decode_steps"),
                                           engine_first_ms=last.get("first_chunk_ms"),
+                                          engine_hand_over_ms=last.get("hand_over_ms"),
                                           engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
 
                         async def measure_daemon(client: str, cached: bool) -> Sample:
@@ -586,6 +588,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                             return Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
                                           last.get("decode_ms"), client=client, engine_steps=last.get("decode_steps"),
                                           engine_first_ms=last.get("first_chunk_ms"),
+                                          engine_hand_over_ms=last.get("hand_over_ms"),
                                           engine_sleeps=last.get("barrier_sleeps"), input=label,
                                           to_daemon_ms=to_daemon, after_first_events_ms=after_first_events)  # fmt: skip
 
@@ -738,6 +741,9 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         "engine_first_daemon_ms": _median(s.engine_first_ms for s in daemon if s.cached),
         "engine_first_hop_ms": _median(s.trace["engine_first_chunk"] - s.engine_first_ms for s in daemon
                                        if s.cached and s.engine_first_ms is not None and "engine_first_chunk" in s.trace),
+        # how long the first chunk's hand-over held the engine: on the CPU until its reader took it
+        "engine_hand_over_direct_ms": _median(s.engine_hand_over_ms for s in direct),
+        "engine_hand_over_daemon_ms": _median(s.engine_hand_over_ms for s in daemon),
         # the CPU step's threads sleeping at a barrier, a token: each is a partner's core taken away
         "engine_sleeps_per_token_direct": _median(s.engine_sleeps / s.tokens for s in direct
                                                   if s.engine_sleeps is not None and s.tokens),
@@ -770,8 +776,9 @@ def markdown(report: dict) -> str:
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
              "added in the daemon (ms) | "
              "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | "
+             "first chunk's hand-over, direct / daemon (ms) | "
              "decode steps, direct / daemon | barrier sleeps a token, direct / daemon | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in report["rows"]:
         lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
                      f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
@@ -782,6 +789,8 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
                      f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
+                     f"{_fmt(r.get('engine_hand_over_direct_ms'), 2)} / "
+                     f"{_fmt(r.get('engine_hand_over_daemon_ms'), 2)} | "
                      f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
                      f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
                      f"{_fmt(r.get('engine_sleeps_per_token_daemon'), 2)} | {r['same_text']} |")  # fmt: skip
@@ -805,6 +814,8 @@ def markdown(report: dict) -> str:
               "The engine's first chunk: "
               "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
               "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets). "
+              "The first chunk's hand-over: how long handing it on held the engine (on the CPU the engine gives its "
+              "core to the reader until the reader has passed the chunk on; part of the engine's decode time). "
               "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "
               "core taken by other work), per token.", "",
               "Where the time went on the cached requests (ms, medians). On the client's side, by the clock "

@@ -71,6 +71,7 @@ class _Run:
     from_prefill: int = 1  # the first token came from the prefill's logits, not from a counted step
     prefill_ms: float = 0.0
     first_chunk_ms: float | None = None  # from admission to the first chunk handed to emit
+    hand_over_ms: float | None = None  # emit of the first chunk (on the CPU: until the reader took it)
     barrier_sleeps: int | None = None  # the CPU step's count when the request began (None: not that step)
 
 
@@ -390,6 +391,7 @@ class LocalEngine:
             "draft_tokens": run.drafted, "accepted_draft_tokens": run.accepted,
             "accept_length": round((generated - 1) / steps, 3) if steps else None,
             "first_chunk_ms": None if run.first_chunk_ms is None else round(run.first_chunk_ms, 3),
+            "hand_over_ms": None if run.hand_over_ms is None else round(run.hand_over_ms, 3),
             "barrier_sleeps": None if run.barrier_sleeps is None else self._barrier_sleeps() - run.barrier_sleeps,
         }  # fmt: skip
 
@@ -488,15 +490,18 @@ class LocalEngine:
 
 def _time_first_chunk(run: _Run) -> None:
     """Time the request's first chunk from its admission: the engine's own share of the first token
-    (the daemon's trace has the rest). emit is wrapped for that one call only, so the decode loops
-    call it as they always do."""
+    (the daemon's trace has the rest); and its hand-over, which on the CPU holds the next step until
+    the reader has passed the chunk on (ChunkChannel). emit is wrapped for that one call only, so
+    the decode loops call it as they always do."""
     req = run.req
     emit = req.emit
 
     def first(chunk) -> None:
-        run.first_chunk_ms = (time.perf_counter() - req.admitted) * 1e3
+        handed = time.perf_counter()
+        run.first_chunk_ms = (handed - req.admitted) * 1e3
         req.emit = emit
         emit(chunk)
+        run.hand_over_ms = (time.perf_counter() - handed) * 1e3
 
     req.emit = first
 
