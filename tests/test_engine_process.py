@@ -54,6 +54,40 @@ def test_answers_as_the_engine_in_the_daemons_process(isolated, daemon):
     assert stats["process"] != isolated[0].pid and stats["finished"] >= 2 and stats["running"] is None
 
 
+def test_a_conversation_sends_the_child_only_its_new_ids(isolated, daemon):
+    # Each turn goes to the child as the ids it shares with the turn before plus the rest: the
+    # child must rebuild every prompt exactly (the same answers as the in-process engine), through
+    # a grown conversation, an unrelated prompt in between, a retry and a shorter prompt.
+    _, url, token, _ = isolated
+    answers, sent = {}, []
+    for base, key in ((url, token), (daemon.url, daemon.token)):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key)
+
+        def ask(messages):
+            before = _stats(url, token)["ids_sent"]
+            reply = client.chat.completions.create(model="m", messages=messages, max_tokens=12, **GREEDY)
+            if base == url:
+                sent.append((_stats(url, token)["ids_sent"] - before, reply.usage.prompt_tokens))
+            return reply.choices[0].message.content
+
+        history = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+        got = []
+        for turn in range(3):
+            got.append(ask(history))
+            history = history + [{"role": "assistant", "content": got[-1]},
+                                 {"role": "user", "content": f"Now make it take {turn + 3} numbers."}]  # fmt: skip
+        got.append(ask([{"role": "user", "content": "Name three sorting algorithms."}]))
+        got += [ask(history), ask(history), ask(history[:1])]
+        answers[base] = got
+    assert answers[url] == answers[daemon.url]
+    # turns 2 and 3 and the retry send what is new; the unrelated prompt and the return to the
+    # conversation share only the template's opening with the request before
+    grown, retry = sent[1:3], sent[5]
+    assert all(0 < new < prompt // 2 for new, prompt in grown), sent
+    assert retry[0] == 0 and sent[6][0] == 0, sent  # a prefix of the request before: nothing new
+    assert sum(new for new, _ in sent) < sum(prompt for _, prompt in sent)
+
+
 def test_a_forced_tool_call_is_constrained_in_the_child(isolated):
     _, url, token, _ = isolated
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -15,9 +15,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lingcode.engine import SamplingParams
+from lingcode.engine import SamplingParams, common_prefix
 from lingcode.engine.local.engine import LocalEngine
-from lingcode.engine.local.kv_store import PrefixStore, common_prefix
+from lingcode.engine.local.kv_store import PrefixStore
 from lingcode.engine.local.model import KVCache
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0)

@@ -100,6 +100,29 @@ def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
                       last.cached_tokens, last.spec_accept_length)  # fmt: skip
 
 
+def common_prefix(a, b) -> int:
+    """How many leading items two token sequences (lists or tuples) share.
+
+    On every request's way to its first token (the live cache, each saved prefix, the drafter, the
+    ids sent to an engine's process), so slices are compared in C, halving the span that differs,
+    not item by item in Python."""
+    if type(a) is not type(b):
+        a = type(b)(a)
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
 # How long a worker thread's chunks may wait for the event loop at most, once one is waiting: the
 # loop then reads every chunk that piled up as one, instead of waking for each decode step.
 STREAM_INTERVAL_S = 0.004

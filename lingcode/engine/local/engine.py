@@ -27,9 +27,9 @@ import torch
 
 from lingcode.engine import (
     CPU_STREAM_INTERVAL_S, STREAM_INTERVAL_S, ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams,
-    TokenChunk, handed_over,
+    TokenChunk, common_prefix, handed_over,
 )
-from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore, common_prefix
+from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.speculative import (

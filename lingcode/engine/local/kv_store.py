@@ -25,29 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lingcode.engine import common_prefix
+
 MIN_SAVE_TOKENS = 32  # a shorter prefix is cheaper to prefill again than to keep
-
-
-def common_prefix(a, b) -> int:
-    """How many leading items two token sequences (lists or tuples) share.
-
-    On every request's way to its first token (the live cache, each saved prefix, the drafter), so
-    slices are compared in C, halving the span that differs, not item by item in Python."""
-    if type(a) is not type(b):
-        a = type(b)(a)
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
-    while hi - lo > 32:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[lo] == b[lo]:
-        lo += 1
-    return lo
 
 
 @dataclass

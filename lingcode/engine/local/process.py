@@ -9,10 +9,14 @@ step's threads hold no GIL while they compute, and the hop would cost the first 
 
 The two talk over two socket pairs, each message a length-prefixed pickle:
 
-    requests  daemon -> child   ("generate", rid, input_ids, params, grammar)   ("close",)
+    requests  daemon -> child   ("generate", rid, keep, new_ids, params, grammar)   ("close",)
               child -> daemon   ("ready", info, stats, head_early) or ("failed", text)   then per request:
                                 ("chunk", rid, chunk)..., and ("last", rid, chunk, stats) or ("error", rid, exception, stats)
     control   daemon -> child   ("abort", rid)   ("close",)
+
+A request's ids go as the number of leading ids it shares with the request before (`keep`) and
+the rest: each side keeps the last ids sent, so a conversation's next turn sends its new tokens,
+not its whole history again (pickled both ways, that grew with the context).
 
 The child has no event loop and no hand-over between threads: its main thread reads a request,
 runs it (LocalEngine.run) and writes its chunks to the socket as they come, then reads the next;
@@ -39,7 +43,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from lingcode.engine import EngineError, ModelInfo, SamplingParams, TokenChunk, handed_over, merge_chunks
+from lingcode.engine import (
+    EngineError, ModelInfo, SamplingParams, TokenChunk, common_prefix, handed_over, merge_chunks,
+)  # fmt: skip
 
 _HEADER = struct.Struct("!I")
 
@@ -79,6 +85,8 @@ class EngineProcess:
         self._running: str | None = None
         self._reading = False
         self._gone: str | None = None  # why the child is no longer there
+        self._sent: list[int] = []  # the last request's ids, as the child holds them too
+        self._ids_sent = 0  # ids that went to the child, over all requests
         self.head_early = head_early  # as the engine in the child says (LocalEngine.head_early)
 
     @classmethod
@@ -122,7 +130,14 @@ class EngineProcess:
         self._running = request_id
         finished = False
         try:
-            await loop.sock_sendall(self._sock, _pack(("generate", request_id, list(input_ids),
+            # Only the ids past what the last request shared with this one: the child keeps them too.
+            # Set before the send, whose first write is never put off: once any of it is out, the
+            # child reads it whole (or the engine is lost).
+            ids = list(input_ids)
+            keep = common_prefix(self._sent, ids)
+            self._sent = ids
+            self._ids_sent += len(ids) - keep
+            await loop.sock_sendall(self._sock, _pack(("generate", request_id, keep, ids[keep:],
                                                        replace(params, constraint=None), grammar)))  # fmt: skip
             if self.head_early:
                 handed_over()
@@ -152,7 +167,7 @@ class EngineProcess:
                 pass  # the child is gone: its stream ends with the error _lost() queued
 
     def stats(self) -> dict:
-        return {**self._stats, "running": self._running, "process": self.process.pid}
+        return {**self._stats, "running": self._running, "process": self.process.pid, "ids_sent": self._ids_sent}
 
     async def close(self) -> None:
         if self._reading:
@@ -264,10 +279,12 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
     def send(message: tuple) -> None:
         sock.sendall(_pack(message))
 
+    last: list[int] = []  # the daemon's last request's ids (EngineProcess._sent)
     for message in _messages(sock):
         if message[0] == "close":
             break
-        _, request_id, input_ids, params, grammar = message
+        _, request_id, keep, new_ids, params, grammar = message
+        last = input_ids = last[:keep] + new_ids
         aborted.intersection_update((request_id,))  # requests run one at a time: any other id is over
         stream = _Stream(request_id, send, engine.chunk_interval(params), aborted, engine.stop)
         try:
@@ -276,7 +293,7 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
             else:
                 if grammar is not None:
                     params = replace(params, constraint=constraint(engine.info.tokenizer, *grammar))
-                engine.run(request_id, input_ids, params, stream.put)
+                engine.run(request_id, list(input_ids), params, stream.put)  # a copy: `last` stays as sent
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
             stream.put(exc)
         stream.finish(engine.stats())

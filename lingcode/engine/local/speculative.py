@@ -24,8 +24,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from lingcode.engine import SamplingParams
-from lingcode.engine.local.kv_store import common_prefix
+from lingcode.engine import SamplingParams, common_prefix
 from lingcode.engine.local.sampling import argmax, scale
 
 
