@@ -80,11 +80,11 @@ def test_a_conversation_sends_the_child_only_its_new_ids(isolated, daemon):
         got += [ask(history), ask(history), ask(history[:1])]
         answers[base] = got
     assert answers[url] == answers[daemon.url]
-    # turns 2 and 3 and the retry send what is new; the unrelated prompt and the return to the
-    # conversation share only the template's opening with the request before
+    # turns 2 and 3 send only their new turn; the retry and the shorter prompt, a prefix of the
+    # request before, send nothing
     grown, retry = sent[1:3], sent[5]
     assert all(0 < new < prompt // 2 for new, prompt in grown), sent
-    assert retry[0] == 0 and sent[6][0] == 0, sent  # a prefix of the request before: nothing new
+    assert retry[0] == 0 and sent[6][0] == 0, sent
     assert sum(new for new, _ in sent) < sum(prompt for _, prompt in sent)
 
 

@@ -293,7 +293,7 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
             else:
                 if grammar is not None:
                     params = replace(params, constraint=constraint(engine.info.tokenizer, *grammar))
-                engine.run(request_id, list(input_ids), params, stream.put)  # a copy: `last` stays as sent
+                engine.run(request_id, input_ids, params, stream.put)  # it keeps a copy (_admit): `last` stays as sent
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
             stream.put(exc)
         stream.finish(engine.stats())
