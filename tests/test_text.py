@@ -92,3 +92,21 @@ def test_encode_remembers_pieces_between_added_tokens_and_gives_the_tokenizers_i
         text = "".join(rng.choice(words + added + [message]) for _ in range(rng.randint(0, 30)))
         assert tok.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids, repr(text)
     assert message in tok._pieces or any(message in piece for piece in tok._pieces)  # long pieces are kept
+
+
+def test_chat_templates_stay_sandboxed_when_the_sandbox_remembers_its_verdicts():
+    """Templates come with model files: an attribute that would change the messages or reach
+    Python's internals fails every time it is asked for, not only the first, while safe ones render."""
+    import pytest
+
+    from lingcode.text.chat_template import TemplateError, render_chat
+
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    safe = "{% for m in messages %}{{ loop.index }}:{{ m.role }}:{{ m['content'] }}|{{ m.items() | list | length }};{% endfor %}"
+    for _ in range(2):
+        assert render_chat(safe, messages) == "1:user:Hi|2;2:assistant:Hello|2;"
+        for unsafe in ("{{ messages[0].update(role='system') }}", "{{ messages.append(1) }}",
+                       "{{ messages.__class__.__name__ }}", "{{ cycler.__init__.__globals__ }}"):  # fmt: skip
+            with pytest.raises(TemplateError):
+                render_chat(unsafe, messages)
+        assert messages[0]["role"] == "user" and len(messages) == 2
