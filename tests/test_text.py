@@ -110,3 +110,19 @@ def test_chat_templates_stay_sandboxed_when_the_sandbox_remembers_its_verdicts()
             with pytest.raises(TemplateError):
                 render_chat(unsafe, messages)
         assert messages[0]["role"] == "user" and len(messages) == 2
+
+
+def test_a_pickled_tokenizer_is_built_again_with_this_versions_attributes(engine):
+    """A prepared model's checkpoint holds the tokenizer pickled: loading one an earlier lingcode
+    wrote (its attributes as they were then) must give a tokenizer of this version, caches empty."""
+    import pickle
+
+    tok = engine.info.tokenizer
+    text = "<|im_start|>user\n" + "def f(x):\n    return x\n" * 300 + "<|im_end|>\n"
+    tok.encode(text)
+    again = pickle.loads(pickle.dumps(tok))
+    assert not again._pieces  # only the tokenizer itself went
+    assert again.encode(text) == tok.encode(text)
+    older = object.__new__(type(tok))
+    older.__setstate__({"hf": tok.hf, "vocab_size": tok.vocab_size})  # as pickled before encode() kept anything
+    assert older.encode(text) == tok.encode(text) and older._split is not None

@@ -76,6 +76,14 @@ class Tokenizer:
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
         self._piece_chars = 0
 
+    # Pickled (in a prepared model's checkpoint, the engine process's ModelInfo) as the tokenizer alone,
+    # and built again when loaded: one that an earlier lingcode pickled gets this version's attributes.
+    def __getstate__(self) -> dict:
+        return {"hf": self.hf}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["hf"])
+
     @classmethod
     def from_gguf_fields(cls, fields: dict) -> "Tokenizer":
         """Build from GGUF metadata (`tokenizer.ggml.*`), as read by lingcode.engine.local.weights."""
