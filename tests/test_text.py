@@ -121,8 +121,42 @@ def test_a_pickled_tokenizer_is_built_again_with_this_versions_attributes(engine
     text = "<|im_start|>user\n" + "def f(x):\n    return x\n" * 300 + "<|im_end|>\n"
     tok.encode(text)
     again = pickle.loads(pickle.dumps(tok))
-    assert not again._pieces  # only the tokenizer itself went
+    assert again._last is None and not again._pieces  # only the tokenizer itself went
     assert again.encode(text) == tok.encode(text)
     older = object.__new__(type(tok))
     older.__setstate__({"hf": tok.hf, "vocab_size": tok.vocab_size})  # as pickled before encode() kept anything
-    assert older.encode(text) == tok.encode(text) and older._split is not None
+    assert older.encode(text) == tok.encode(text) and older._reuses
+
+
+def test_encode_reuses_the_last_long_texts_ids_and_gives_the_tokenizers_ids(engine):
+    """encode() takes the ids of the last long text up to the latest added token the new text also
+    begins with (a chat's next turn): on growing, retried, cut and edited chats the ids must be
+    exactly the tokenizer's for the whole text."""
+    import random
+
+    from lingcode.text.tokenizer import REUSE_CHARS
+
+    tok = engine.info.tokenizer
+    assert tok._reuses  # no added token of the default model holds another
+    rng = random.Random(1)
+    lines = ["def f(x):\n    return x * 2  # héllo 🙂\n", "<|im_", "|>", " 12345", "\n\n", "<", "im_end|>"]
+
+    def message(role: str) -> str:
+        return f"<|im_start|>{role}\n" + "".join(rng.choice(lines) for _ in range(rng.randint(1, 60))) + "<|im_end|>\n"
+
+    text, reused = "".join(message("user") for _ in range(20)), 0
+    for _ in range(300):
+        move = rng.random()
+        if move < 0.5:  # the next turn
+            text += message(rng.choice(["user", "assistant"])) + "<|im_start|>assistant\n"
+        elif move < 0.8:  # cut anywhere (inside an added token too), and go on differently
+            text = text[: rng.randint(len(text) // 2, len(text))] + message("user")
+        elif move < 0.9:  # an earlier message edited
+            at = rng.randint(0, len(text) - 1)
+            text = text[:at] + rng.choice(lines) + text[at:]
+        if len(text) < REUSE_CHARS:
+            text += message("user") * 8
+        if tok._last is not None:
+            reused += tok._shared(text, *tok._last)[0] > 0
+        assert tok.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids
+    assert reused > 200

@@ -54,6 +54,7 @@ def _pre_tokenizer(pre: str):
 
 RELEASE_GIL_CHARS = 16_384  # longer texts are encoded with the GIL released
 PIECE_CACHE_CHARS = 4_000_000  # text kept by encode()'s cache of pieces between added tokens
+REUSE_CHARS = 4_096  # encode() keeps the last text this long or longer, to reuse its ids
 
 
 class Tokenizer:
@@ -75,6 +76,11 @@ class Tokenizer:
         self._split = re.compile("(" + "|".join(map(re.escape, names)) + ")") if plain and names else None
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
         self._piece_chars = 0
+        # A text that begins with an earlier one up to the end of one of its added tokens splits the
+        # same way up to there, unless an added token can hold another (a longer match could then
+        # start there or before): the ids up to it are the earlier text's (a chat's next turn).
+        self._reuses = self._split is not None and not any(a != b and a in b for a in names for b in names)
+        self._last: tuple[str, list[int], list[tuple[int, int]]] | None = None  # text, ids, (char end, ids) per added token
 
     # Pickled (in a prepared model's checkpoint, the engine process's ModelInfo) as the tokenizer alone,
     # and built again when loaded: one that an earlier lingcode pickled gets this version's attributes.
@@ -112,13 +118,40 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         if self._split is None:
             return self._encode(text)
-        ids: list[int] = []
-        for i, piece in enumerate(self._split.split(text)):
+        # 1. what the last long text gives of this one: the ids up to an added token both share
+        start, ids, ends = 0, [], []
+        if self._reuses and len(text) >= REUSE_CHARS and self._last is not None:
+            start, ids, ends = self._shared(text, *self._last)
+        # 2. the rest, a piece between added tokens at a time
+        at = start
+        for i, piece in enumerate(self._split.split(text[start:] if start else text)):
+            at += len(piece)
             if i % 2:  # an added token
                 ids.append(self._added_ids[piece])
+                ends.append((at, len(ids)))
             elif piece:
                 ids += self._piece(piece)
+        if self._reuses and len(text) >= REUSE_CHARS:
+            self._last = (text, ids[:], ends)  # a copy: the caller owns what it is given
         return ids
+
+    @staticmethod
+    def _shared(text: str, last: str, last_ids: list[int], ends: list[tuple[int, int]]):
+        """(chars, ids, ends) of `last` up to the end of its latest added token that `text` begins with too."""
+        if text.startswith(last) and ends:
+            found = len(ends) - 1
+        else:  # the latest end both share: the test is monotone in the end, so halve the range
+            low, high, found = 0, len(ends) - 1, -1
+            while low <= high:
+                mid = (low + high) // 2
+                if text.startswith(last[: ends[mid][0]]):
+                    found, low = mid, mid + 1
+                else:
+                    high = mid - 1
+        if found < 0:
+            return 0, [], []
+        chars, count = ends[found]
+        return chars, last_ids[:count], ends[: found + 1]
 
     def _encode(self, text: str) -> list[int]:
         # tokenizers' encode() holds the GIL for the whole text, encode_batch() lets it go: a long text
