@@ -109,7 +109,7 @@ def common_prefix(a, b) -> int:
     if type(a) is not type(b):
         a = type(b)(a)
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):  # no copy of a whole list
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
     while hi - lo > 32:

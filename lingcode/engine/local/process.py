@@ -284,7 +284,8 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
         if message[0] == "close":
             break
         _, request_id, keep, new_ids, params, grammar = message
-        last = input_ids = last[:keep] + new_ids
+        del last[keep:]  # in place: a conversation's next turn costs its new ids, not a copy of all
+        last += new_ids
         aborted.intersection_update((request_id,))  # requests run one at a time: any other id is over
         stream = _Stream(request_id, send, engine.chunk_interval(params), aborted, engine.stop)
         try:
@@ -293,7 +294,7 @@ def _serve(engine, sock: socket.socket, control: socket.socket) -> None:
             else:
                 if grammar is not None:
                     params = replace(params, constraint=constraint(engine.info.tokenizer, *grammar))
-                engine.run(request_id, input_ids, params, stream.put)  # it keeps a copy (_admit): `last` stays as sent
+                engine.run(request_id, last, params, stream.put)  # it keeps a copy (_admit): `last` stays as sent
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the request's caller
             stream.put(exc)
         stream.finish(engine.stats())
