@@ -113,7 +113,8 @@ async def test_prefix_reuse_prefills_only_new_tokens(engine):
 async def test_the_engine_times_its_own_first_chunk(engine):
     """last_request.first_chunk_ms: from when the engine took the request to its first chunk, after
     the prefill and before the caller has the chunk (lingcode bench daemon splits the first token so);
-    hand_over_ms: how long handing that chunk over held the engine, part of its decode time."""
+    hand_over_ms: how long handing that chunk over held the engine, part of its decode time;
+    admitted_at_ms: when it took the request."""
     import time
 
     ids = chat_ids(engine, "Name a prime number.")
@@ -124,6 +125,8 @@ async def test_the_engine_times_its_own_first_chunk(engine):
     last = engine.stats()["last_request"]
     assert last["prefill_ms"] <= last["first_chunk_ms"] <= first
     assert 0 <= last["hand_over_ms"] <= last["decode_ms"]
+    # and when it took it, on perf_counter's clock (which the daemon's trace and a bench's client share)
+    assert started * 1e3 <= last["admitted_at_ms"] <= started * 1e3 + first - last["first_chunk_ms"] + 0.01
 
 
 async def test_the_engine_counts_its_cpu_steps_barrier_sleeps(engine):

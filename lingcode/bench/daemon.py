@@ -177,6 +177,9 @@ class Sample:
     engine_steps: int | None = None  # the engine's decode steps (with drafts: fewer than tokens)
     engine_first_ms: float | None = None  # the engine's own time to its first chunk (last_request)
     engine_hand_over_ms: float | None = None  # the engine held by its first chunk's hand-over (last_request)
+    # of the hop to the engine and back, the way there: from the daemon's hand-off (`until_engine`) to
+    # the engine's taking the request (last_request.admitted_at_ms, on the clock both processes share)
+    engine_hop_to_ms: float | None = None
     input: str = ""  # the workload's input this round (stdlib: the function; prompts: the file's line)
     engine_sleeps: int | None = None  # the native CPU step's barrier sleeps in this request (last_request)
     # the daemon's, on the clock it shares with the client: from the client's call to the request's
@@ -227,11 +230,12 @@ async def direct_sglang(client: httpx.AsyncClient, input_ids: list[int], max_tok
 
 
 async def through_daemon(client, messages: list[dict], max_tokens: int
-                         ) -> tuple[float, float | None, int, str, dict, tuple[float | None, float | None]]:  # fmt: skip
+                         ) -> tuple[float, float | None, int, str, dict, tuple[float | None, float | None, float | None]]:  # fmt: skip
     """A streamed chat completion read by `client` (an httpx.AsyncClient or an aiohttp.ClientSession):
     client-side ttft and tpot, tokens, text, the daemon's trace, and the client's own share of the
-    first token (ms): until the daemon had the request, and from its write of the first events on
-    (None where the answer has no trace: the floor's)."""
+    first token (ms): until the daemon had the request, and from its write of the first events on;
+    and the request's arrival in the daemon on perf_counter's clock (ms) (None where the answer has
+    no trace: the floor's)."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     started, first, last, parts, tokens, trace = time.perf_counter(), None, None, [], 0, {}
@@ -254,7 +258,8 @@ async def through_daemon(client, messages: list[dict], max_tokens: int
     if arrived is not None and "until_first_events" in trace:
         to_daemon = arrived - started * 1e3
         after_first_events = first * 1e3 - (arrived + trace["until_first_events"])
-    return (first - started) * 1e3, _tpot(first, last, tokens), tokens, "".join(parts), trace, (to_daemon, after_first_events)
+    return (first - started) * 1e3, _tpot(first, last, tokens), tokens, "".join(parts), trace, (to_daemon, after_first_events,
+                                                                                                  arrived)  # fmt: skip
 
 
 async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
@@ -582,13 +587,17 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                                           engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
 
                         async def measure_daemon(client: str, cached: bool) -> Sample:
-                            ttft, tpot, n, text, trace, (to_daemon, after_first_events) = await through_daemon(
+                            ttft, tpot, n, text, trace, (to_daemon, after_first_events, arrived) = await through_daemon(
                                 clients[client], messages, args.max_tokens)  # fmt: skip
                             last = (await stats_client.get("/v1/lingcode/stats")).json()["engine"].get("last_request", {})
+                            hop_to = None
+                            if last.get("admitted_at_ms") is not None and arrived is not None and "until_engine" in trace:
+                                hop_to = last["admitted_at_ms"] - arrived - trace["until_engine"]
                             return Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
                                           last.get("decode_ms"), client=client, engine_steps=last.get("decode_steps"),
                                           engine_first_ms=last.get("first_chunk_ms"),
                                           engine_hand_over_ms=last.get("hand_over_ms"),
+                                          engine_hop_to_ms=hop_to,
                                           engine_sleeps=last.get("barrier_sleeps"), input=label,
                                           to_daemon_ms=to_daemon, after_first_events_ms=after_first_events)  # fmt: skip
 
@@ -741,6 +750,8 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         "engine_first_daemon_ms": _median(s.engine_first_ms for s in daemon if s.cached),
         "engine_first_hop_ms": _median(s.trace["engine_first_chunk"] - s.engine_first_ms for s in daemon
                                        if s.cached and s.engine_first_ms is not None and "engine_first_chunk" in s.trace),
+        # of that hop, the way to the engine: from the daemon's hand-off (until_engine) to the engine's taking it
+        "engine_first_hop_to_ms": _median(s.engine_hop_to_ms for s in daemon if s.cached),
         # how long the first chunk's hand-over held the engine: on the CPU until its reader took it
         "engine_hand_over_direct_ms": _median(s.engine_hand_over_ms for s in direct),
         "engine_hand_over_daemon_ms": _median(s.engine_hand_over_ms for s in daemon),
@@ -775,7 +786,7 @@ def markdown(report: dict) -> str:
              "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
              "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
              "added in the daemon (ms) | "
-             "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it (ms) | "
+             "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it / of it to (ms) | "
              "first chunk's hand-over, direct / daemon (ms) | "
              "decode steps, direct / daemon | barrier sleeps a token, direct / daemon | same text |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -788,7 +799,8 @@ def markdown(report: dict) -> str:
                      f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
                      f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)} | "
                      f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
-                     f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} | "
+                     f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} / "
+                     f"{_fmt(r.get('engine_first_hop_to_ms'), 2)} | "
                      f"{_fmt(r.get('engine_hand_over_direct_ms'), 2)} / "
                      f"{_fmt(r.get('engine_hand_over_daemon_ms'), 2)} | "
                      f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
@@ -813,7 +825,9 @@ def markdown(report: dict) -> str:
               "and reading (after an engine step it reads slower than the floor shows: caches the step evicted). "
               "The engine's first chunk: "
               "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
-              "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets). "
+              "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets); "
+              "of it to: from the daemon's hand-off (`until_engine`) until the engine took the request (its "
+              "`last_request.admitted_at_ms`, on the clock every process shares), the rest is the way back. "
               "The first chunk's hand-over: how long handing it on held the engine (on the CPU the engine gives its "
               "core to the reader until the reader has passed the chunk on; part of the engine's decode time). "
               "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "

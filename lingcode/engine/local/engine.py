@@ -391,6 +391,7 @@ class LocalEngine:
             "draft_tokens": run.drafted, "accepted_draft_tokens": run.accepted,
             "accept_length": round((generated - 1) / steps, 3) if steps else None,
             "first_chunk_ms": None if run.first_chunk_ms is None else round(run.first_chunk_ms, 3),
+            "admitted_at_ms": round(req.admitted * 1e3, 3),  # perf_counter's clock: every process's here
             "hand_over_ms": None if run.hand_over_ms is None else round(run.hand_over_ms, 3),
             "barrier_sleeps": None if run.barrier_sleeps is None else self._barrier_sleeps() - run.barrier_sleeps,
         }  # fmt: skip
