@@ -183,6 +183,37 @@ def test_an_abort_that_comes_before_its_request_started_is_kept(model_path):
     assert stats["requests"] == 1 and stats["aborted"] == 1  # "late" never reached the engine
 
 
+def test_a_request_the_socket_takes_only_in_part_arrives_whole(model_path, engine):
+    """A request goes to the child in one send where the socket takes it whole, and the rest through
+    the event loop where it does not: with a send buffer far smaller than a long prompt's message,
+    the child must still run the prompt as sent (the in-process engine's greedy tokens)."""
+    import asyncio
+    import pickle
+    import socket
+
+    from lingcode.engine import SamplingParams
+    from lingcode.engine.local.process import EngineProcess
+
+    ids = (engine.info.tokenizer.encode("def double(x):\n    return x * 2\n" * 700) * 2)[:6000]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+    async def tokens(source) -> list[int]:
+        return [t async for chunk in source.generate("long-prompt", ids, params) for t in chunk.token_ids]
+
+    async def scenario() -> tuple[list[int], int, dict]:
+        child = EngineProcess.start(model_path, device="cpu")
+        try:
+            child._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            return await tokens(child), child._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF), child.stats()
+        finally:
+            await child.close()
+
+    got, buffer, stats = asyncio.run(scenario())
+    assert buffer < len(pickle.dumps(ids))  # the first send can take only part of it
+    assert stats["ids_sent"] == len(ids) and stats["prompt_tokens"] == len(ids)
+    assert got == asyncio.run(tokens(engine)) and len(got) == 4
+
+
 def test_a_gpu_engine_gets_a_process_of_its_own_a_cpu_engine_does_not(monkeypatch):
     from lingcode.server.daemon import _engine_in_own_process
 

@@ -137,8 +137,16 @@ class EngineProcess:
             keep = common_prefix(self._sent, ids)
             self._sent = ids
             self._ids_sent += len(ids) - keep
-            await loop.sock_sendall(self._sock, _pack(("generate", request_id, keep, ids[keep:],
-                                                       replace(params, constraint=None), grammar)))  # fmt: skip
+            sendable = params if params.constraint is None else replace(params, constraint=None)
+            data = _pack(("generate", request_id, keep, ids[keep:], sendable, grammar))
+            # Sent at once where the socket takes it whole (between requests it is empty), and only
+            # the rest through sock_sendall, whose coroutine costs more than the send on every first token.
+            try:
+                sent = self._sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                await loop.sock_sendall(self._sock, data[sent:])
             if self.head_early:
                 handed_over()
             while True:
