@@ -119,8 +119,9 @@ class Tokenizer:
         if self._split is None:
             return self._encode(text)
         # 1. what the last long text gives of this one: the ids up to an added token both share
+        long = self._reuses and len(text) >= REUSE_CHARS
         start, ids, ends = 0, [], []
-        if self._reuses and len(text) >= REUSE_CHARS and self._last is not None:
+        if long and self._last is not None:
             start, ids, ends = self._shared(text, *self._last)
         # 2. the rest, a piece between added tokens at a time
         at = start
@@ -131,7 +132,7 @@ class Tokenizer:
                 ends.append((at, len(ids)))
             elif piece:
                 ids += self._piece(piece)
-        if self._reuses and len(text) >= REUSE_CHARS:
+        if long:
             self._last = (text, ids[:], ends)  # a copy: the caller owns what it is given
         return ids
 
