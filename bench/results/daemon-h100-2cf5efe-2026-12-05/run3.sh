@@ -14,6 +14,7 @@ for step in "$@"; do
   echo "== $step $C $(date -u +%T)"
   case $what in
     lp*) LINGCODE_COMMIT=$C timeout 240 python3 -m lingcode bench daemon --device cuda --workload "" --prompts .ab/long.jsonl --requests 12 --max-tokens 64 --speculation off --clients httpx,aiohttp --out $OUT/$step > $OUT/$step.log 2>&1; echo rc=$?; sed -n "/pooled/,\$p" $OUT/$step.md | grep "^|" | head -4;;
+    hp*) LINGCODE_COMMIT=$C timeout 200 python3 -m lingcode bench daemon --device cuda --workload chat,stdlib --prompts .ab/prompts.jsonl --requests 8 --max-tokens 256 --speculation off --clients httpx,aiohttp --out $OUT/$step > $OUT/$step.log 2>&1; echo rc=$?; sed -n '/pooled/,$p' $OUT/$step.md | grep '^|' | head -4;;
     h*) LINGCODE_COMMIT=$C timeout 320 python3 -m lingcode bench daemon --device cuda --workload chat,stdlib --prompts .ab/prompts.jsonl --requests 8 --max-tokens 512 --speculation off,ngram --clients httpx,aiohttp --out $OUT/$step > $OUT/$step.log 2>&1; echo rc=$?; sed -n '/pooled/,$p' $OUT/$step.md | grep '^|' | head -8;;
     tests) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -8 | tee $OUT/gpu-tests.txt;;
   esac
