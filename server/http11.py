@@ -12,10 +12,14 @@ app, so they are in neither the access log nor /metrics; uvicorn logs a warning 
 Each response's head also goes out with its first body bytes, in one write (HeadWithBody):
 uvicorn writes them apart, and on loopback each write wakes the client, so a streamed answer's
 first token waited for a second wake-up.
+
+Each request's scope carries when its first bytes were read (ARRIVED_AT, perf_counter's clock):
+the request's trace starts there, so parsing it and starting its task count as the daemon's.
 """
 
 from __future__ import annotations
 
+import time
 from urllib.parse import urlsplit
 
 import h11
@@ -24,6 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from lingcode.server.errors import APIError
 
 REQUEST_LINE_BYTES = 8192
+ARRIVED_AT = "lingcode.arrived_at"  # the scope's key: when the request's first bytes were read
 _CONTINUE = b"HTTP/1.1 100 "  # an interim answer: the client waits for it before sending the body
 
 
@@ -63,14 +68,18 @@ class HeadWithBody:
 
 class HoldsHeads:
     """Both protocols' part: each new request's cycle writes through a HeadWithBody, whose held
-    head goes out when the response completes. Each protocol calls hold_heads() where its parser
-    starts a cycle (h11: handle_events; httptools: on_headers_complete)."""
+    head goes out when the response completes, and its scope gets the request's arrival. Each
+    protocol sets `arrived_at` when a request's first bytes come, and calls hold_heads() where its
+    parser starts a cycle (h11: handle_events; httptools: on_headers_complete)."""
+
+    arrived_at: float | None = None
 
     def hold_heads(self, before) -> None:
         """Give a cycle that the parser just started a HeadWithBody transport (before its task runs)."""
         cycle = self.cycle
         if cycle is not None and cycle is not before and not isinstance(cycle.transport, HeadWithBody):
             cycle.transport = HeadWithBody(cycle.transport)
+            cycle.scope[ARRIVED_AT] = self.arrived_at
 
     def on_response_complete(self) -> None:
         transport = getattr(self.cycle, "transport", None)
@@ -96,7 +105,8 @@ class APIErrorH11Protocol(HoldsHeads, H11Protocol):
         self.conn.next_event = keep_refusal
 
     def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE:  # a new request starts with this data
+        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:  # a new request starts here
+            self.arrived_at = time.perf_counter()
             self.request_line = data.split(b"\n", 1)[0][:REQUEST_LINE_BYTES]
         super().data_received(data)
 
@@ -162,6 +172,15 @@ def protocol_class() -> type:
                     return getattr(parser, name)
 
             self.parser = Keeping()
+            self.read_at = 0.0
+
+        def data_received(self, data: bytes) -> None:
+            self.read_at = time.perf_counter()  # the parser says below whether a request starts in it
+            super().data_received(data)
+
+        def on_message_begin(self) -> None:
+            self.arrived_at = self.read_at
+            super().on_message_begin()
 
         def on_headers_complete(self) -> None:
             before = self.cycle

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from lingcode.pipeline import metrics
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.errors import CLIENT_GONE
+from lingcode.server.http11 import ARRIVED_AT
 
 REQUEST_ID_HEADER = "x-request-id"
 TRACE_HEADER = "x-lingcode-trace"  # asks for `timings.trace`: where the request's time went (lingcode bench daemon)
@@ -75,7 +76,7 @@ class RequestObserver:
             if label != "unmatched" and len(self._labels) < 256:
                 self._labels[key] = label
         id_token, route_token = metrics.request_id.set(request_id), metrics.route.set(label)
-        trace = metrics.Trace(report=TRACE_HEADER in Headers(scope=scope))
+        trace = metrics.Trace(report=TRACE_HEADER in Headers(scope=scope), started=scope.get(ARRIVED_AT))
         trace_token = metrics.trace.set(trace)
         status = 500  # if the app raises before answering, Starlette's outermost handler sends a 500
         complete = False  # the last part of the body went out

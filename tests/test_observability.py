@@ -190,3 +190,34 @@ def test_a_stream_its_client_left_is_logged_as_client_gone(http, daemon):
             break
         time.sleep(0.05)
     assert access and access[0]["status"] == 499, access
+
+
+def test_a_requests_trace_starts_when_its_first_bytes_are_read(daemon):
+    """The trace (`timings.trace`, which `lingcode bench daemon` splits the first token by) counts
+    from the request's first bytes: parsing the head and starting the request's task are the
+    daemon's time, not the client's. The head comes in two parts 0.3 s apart: the arrival is the
+    first part's, and the handler starts only after the second."""
+    import socket
+
+    body = json.dumps({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0,
+                       "stream": True}).encode()  # fmt: skip
+    host, port = daemon.url.removeprefix("http://").split(":")
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {daemon.token}\r\n"
+            f"x-lingcode-trace: 1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        before_first = time.perf_counter()
+        conn.sendall(head[:20])
+        time.sleep(0.3)
+        before_rest = time.perf_counter()
+        conn.sendall(head[20:] + body)
+        reply = b""
+        while b"data: [DONE]" not in reply:
+            chunk = conn.recv(65536)
+            assert chunk, reply
+            reply += chunk
+    events = [json.loads(line[6:]) for line in reply.decode().split("\n") if line.startswith("data: {")]
+    trace = next(e["timings"]["trace"] for e in events if "trace" in e.get("timings", {}))
+    arrived = trace["arrived_at"] / 1e3  # perf_counter's clock, which every process of the machine shares
+    assert before_first <= arrived <= before_rest, (before_first, arrived, before_rest)
+    assert arrived + trace["until_handler"] / 1e3 >= before_rest  # the handler waited for the whole head

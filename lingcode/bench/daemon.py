@@ -820,7 +820,8 @@ def markdown(report: dict) -> str:
     lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
               "direct request paired with it, with its 95 % interval (bootstrap). The client floor is the same client "
               "and request against a server that answers at once (the HTTP client's own cost, which no server can "
-              "remove). Added in the daemon: from the request's arrival until it began writing the first events, less "
+              "remove). Added in the daemon: from the request's arrival (its first bytes read, before they are parsed) "
+              "until it began writing the first events, less "
               "the direct request's time to its first token; the rest of the added time is the client's, sending "
               "and reading (after an engine step it reads slower than the floor shows: caches the step evicted). "
               "The engine's first chunk: "
@@ -833,7 +834,7 @@ def markdown(report: dict) -> str:
               "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "
               "core taken by other work), per token.", "",
               "Where the time went on the cached requests (ms, medians). On the client's side, by the clock "
-              "it shares with the daemon: from its call until the daemon had the request, and from the daemon's "
+              "it shares with the daemon: from its call until the daemon read the request's first bytes, and from the daemon's "
               "write of the first events until the client read the first token. In the daemon (`timings.trace`): "
               "`until_*` from the request's arrival, the rest summed over the request:", ""]  # fmt: skip
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})

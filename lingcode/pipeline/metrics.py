@@ -41,10 +41,12 @@ class Trace:
 
     __slots__ = ("stages", "report", "started", "_cpu_start")
 
-    def __init__(self, report: bool = False):
+    def __init__(self, report: bool = False, started: float | None = None):
+        """started: when the request's first bytes were read (perf_counter), where the HTTP server
+        knows it; else now."""
         self.stages: dict[str, float] = {}
         self.report = report  # the client asked to see it (in `timings.trace`)
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() if started is None else started
         self._cpu_start = time.thread_time()
 
     def add(self, stage: str, seconds: float) -> None:
