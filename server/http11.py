@@ -19,6 +19,7 @@ the request's trace starts there, so parsing it and starting its task count as t
 
 from __future__ import annotations
 
+import sys
 import time
 from urllib.parse import urlsplit
 
@@ -92,17 +93,6 @@ class APIErrorH11Protocol(HoldsHeads, H11Protocol):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.request_line = b""  # the current request's first line, as received: its path picks the error shape
-        self.refusal: h11.RemoteProtocolError | None = None
-        next_event = self.conn.next_event
-
-        def keep_refusal():  # uvicorn drops h11's reason; keep it for the answer
-            try:
-                return next_event()
-            except h11.RemoteProtocolError as exc:
-                self.refusal = exc
-                raise
-
-        self.conn.next_event = keep_refusal
 
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:  # a new request starts here
@@ -116,7 +106,11 @@ class APIErrorH11Protocol(HoldsHeads, H11Protocol):
         self.hold_heads(before)
 
     def send_400_response(self, msg: str) -> None:
-        refusal = self.refusal
+        # uvicorn answers from its `except h11.RemoteProtocolError:` and drops h11's reason: it is
+        # the exception being handled
+        refusal = sys.exception()
+        if not isinstance(refusal, h11.RemoteProtocolError):
+            refusal = None
         status = refusal.error_status_hint if refusal is not None and 400 <= refusal.error_status_hint < 500 else 400
         reason = f": {refusal}" if refusal is not None and str(refusal) else ""
         error = APIError(status, f"the request is not valid HTTP/1.1{reason}", code="invalid_http_request")
@@ -155,24 +149,7 @@ def protocol_class() -> type:
         return APIErrorH11Protocol
 
     class APIErrorHttpToolsProtocol(HoldsHeads, HttpToolsProtocol):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self.refusal: Exception | None = None
-            parser, protocol = self.parser, self
-
-            class Keeping:  # uvicorn drops the parser's reason; keep it for the answer
-                def feed_data(self, data: bytes) -> None:
-                    try:
-                        parser.feed_data(data)
-                    except httptools.HttpParserError as exc:
-                        protocol.refusal = exc
-                        raise
-
-                def __getattr__(self, name: str):
-                    return getattr(parser, name)
-
-            self.parser = Keeping()
-            self.read_at = 0.0
+        read_at = 0.0
 
         def data_received(self, data: bytes) -> None:
             self.read_at = time.perf_counter()  # the parser says below whether a request starts in it
@@ -188,11 +165,15 @@ def protocol_class() -> type:
             self.hold_heads(before)
 
         def send_400_response(self, msg: str) -> None:
+            # uvicorn answers from its `except httptools.HttpParserError:` and drops the parser's
+            # reason: it is the exception being handled
+            refusal = sys.exception()
             try:
                 path = urlsplit(self.url.decode("ascii")).path
             except (AttributeError, UnicodeDecodeError, ValueError):
                 path = ""
-            self.transport.write(_refusal_response(400, str(self.refusal or ""), path))
+            reason = str(refusal) if isinstance(refusal, httptools.HttpParserError) else ""
+            self.transport.write(_refusal_response(400, reason, path))
             self.transport.close()
 
     return APIErrorHttpToolsProtocol
