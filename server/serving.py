@@ -78,8 +78,7 @@ def named_sse(name: str, payload: dict) -> str:
     return f"event: {name}\ndata: {_json(payload)}\n\n"
 
 
-def _json(payload: dict) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # built once, not per event
 
 
 def usage_dict(usage: Usage) -> dict:

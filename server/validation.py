@@ -118,7 +118,7 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
     if not body.strip():
         raise invalid("the request body is empty; send a JSON object")
     try:
-        data = json.loads(body, parse_constant=_not_json, parse_int=_int, parse_float=_float)
+        data = _decode(body.decode(json.detect_encoding(body), "surrogatepass"))  # as json.loads decodes bytes
     except UnicodeDecodeError:
         raise invalid("the request body is not UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
@@ -155,6 +155,9 @@ def _float(literal: str) -> float:
     if not math.isfinite(value):
         raise invalid(f"the request body has a number too large to hold: {literal[:40]}")
     return value
+
+
+_decode = json.JSONDecoder(parse_constant=_not_json, parse_int=_int, parse_float=_float).decode  # built once
 
 
 def _check_text(data: object) -> None:
