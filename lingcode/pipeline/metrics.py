@@ -37,7 +37,7 @@ request_id: ContextVar[str | None] = ContextVar("lingcode_request_id", default=N
 
 class Trace:
     """Where one request's time went inside the daemon: seconds per stage, and the event loop's CPU
-    time (thread_time on the loop thread) from the request's start to its last report."""
+    time (thread_time on the loop thread) from the Trace's creation to its last report."""
 
     __slots__ = ("stages", "report", "started", "_cpu_start")
 
