@@ -14,11 +14,14 @@ uvicorn writes them apart, and on loopback each write wakes the client, so a str
 first token waited for a second wake-up.
 
 Each request's scope carries when its first bytes were read (ARRIVED_AT, perf_counter's clock):
-the request's trace starts there, so parsing it and starting its task count as the daemon's.
+the request's trace starts there, so parsing it and starting its task count as the daemon's. It
+also carries its connection's loss (DISCONNECTED, a future), so the daemon learns that a client left
+without a task of its own awaiting the next ASGI message (server/serving.py: until_disconnected).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from urllib.parse import urlsplit
@@ -30,6 +33,7 @@ from lingcode.server.errors import APIError
 
 REQUEST_LINE_BYTES = 8192
 ARRIVED_AT = "lingcode.arrived_at"  # the scope's key: when the request's first bytes were read
+DISCONNECTED = "lingcode.disconnected"  # the scope's key: a future, done once the connection is lost
 _CONTINUE = b"HTTP/1.1 100 "  # an interim answer: the client waits for it before sending the body
 
 
@@ -69,11 +73,22 @@ class HeadWithBody:
 
 class HoldsHeads:
     """Both protocols' part: each new request's cycle writes through a HeadWithBody, whose held
-    head goes out when the response completes, and its scope gets the request's arrival. Each
-    protocol sets `arrived_at` when a request's first bytes come, and calls hold_heads() where its
-    parser starts a cycle (h11: handle_events; httptools: on_headers_complete)."""
+    head goes out when the response completes, and its scope gets the request's arrival and its
+    connection's loss. Each protocol sets `arrived_at` when a request's first bytes come, calls
+    hold_heads() where its parser starts a cycle (h11: handle_events; httptools:
+    on_headers_complete), and read_on() where a request's body is all in."""
 
     arrived_at: float | None = None
+    lost: asyncio.Future  # done once the connection is lost
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.lost = self.loop.create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self.lost.done():
+            self.lost.set_result(None)
 
     def hold_heads(self, before) -> None:
         """Give a cycle that the parser just started a HeadWithBody transport (before its task runs)."""
@@ -81,6 +96,13 @@ class HoldsHeads:
         if cycle is not None and cycle is not before and not isinstance(cycle.transport, HeadWithBody):
             cycle.transport = HeadWithBody(cycle.transport)
             cycle.scope[ARRIVED_AT] = self.arrived_at
+            cycle.scope[DISCONNECTED] = self.lost
+
+    def read_on(self) -> None:
+        """A request's body is all in: read on, so that its client leaving is seen while the app works
+        (a body past uvicorn's high-water mark paused reading, and uvicorn reads on only once the app
+        awaits another ASGI message). A request pipelined behind it pauses reading again."""
+        self.flow.resume_reading()
 
     def on_response_complete(self) -> None:
         transport = getattr(self.cycle, "transport", None)
@@ -102,8 +124,12 @@ class APIErrorH11Protocol(HoldsHeads, H11Protocol):
 
     def handle_events(self) -> None:
         before = self.cycle
+        reading = before is not None and before.more_body
         super().handle_events()
         self.hold_heads(before)
+        cycle = self.cycle
+        if cycle is not None and not cycle.more_body and (reading or cycle is not before):
+            self.read_on()  # the body's end came in these events
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers from its `except h11.RemoteProtocolError:` and drops h11's reason: it is
@@ -163,6 +189,11 @@ def protocol_class() -> type:
             before = self.cycle
             super().on_headers_complete()
             self.hold_heads(before)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if not self.pipeline:  # the body of the request being answered, not of one queued behind it
+                self.read_on()
 
         def send_400_response(self, msg: str) -> None:
             # uvicorn answers from its `except httptools.HttpParserError:` and drops the parser's

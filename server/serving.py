@@ -17,8 +17,8 @@ from the pipeline (one engine chunk) is one write.
 
 A client can leave in two places, and its work is cancelled at once in both:
 - before the response starts (a request waiting in the queue, or a non-streamed one being
-  generated): Starlette does not notice, so `until_disconnected` races the work against the
-  client's `http.disconnect` and cancels the work if the client goes first;
+  generated): Starlette does not notice, so `until_disconnected` cancels the work when the
+  client's connection is lost (the daemon's HTTP protocol hands that over in the scope);
 - while an SSE stream is being sent: Starlette cancels the sending task. `EventStream` then
   closes its event generator, shielded from that cancellation, so the generator's `finally`
   closes the text stream, which aborts the request in the engine within a step (instead of
@@ -54,6 +54,7 @@ from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_constraint, run_turn
 from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
+from lingcode.server.http11 import DISCONNECTED
 from lingcode.server.openapi import request_body
 from lingcode.server.validation import StrictModel, parse, read_json
 from lingcode.text.chat_template import TemplateError
@@ -315,23 +316,28 @@ async def _disconnected(request: Request) -> None:
 async def until_disconnected(request: Request, work: Coroutine[object, object, T]) -> T:
     """Await `work`; if the client disconnects first, cancel it, wait for its cleanup, raise ClientGone.
 
-    The work runs in the caller's own task, which a watcher task cancels if the client leaves: one
-    task and no asyncio.wait per request, and nothing of the loop's runs once the work has handed
-    the engine its request (the watcher starts first)."""
+    The work runs in the caller's own task, which is cancelled if the client leaves. The daemon's
+    HTTP protocol says so itself: the scope carries the connection's loss (server/http11.py), and
+    nothing else runs. Under another ASGI server (the tests' TestClient) a watcher task awaits the
+    client's `http.disconnect`, and starts before the work, so that nothing of the loop's runs
+    once the work has handed the engine its request."""
     current = asyncio.current_task()
     finished = left = False
 
-    def on_gone(watcher: asyncio.Future) -> None:
+    def on_gone(gone: asyncio.Future) -> None:
         nonlocal left
         # a callback already queued when the work finished must not cancel what the caller does next
-        if not finished and not watcher.cancelled() and watcher.exception() is None:
+        if not finished and not gone.cancelled() and gone.exception() is None:
             left = True
             current.cancel()
 
-    watcher = asyncio.ensure_future(_disconnected(request))
-    watcher.add_done_callback(on_gone)
+    gone, watcher = request.scope.get(DISCONNECTED), None
+    if gone is None:
+        gone = watcher = asyncio.ensure_future(_disconnected(request))
+    gone.add_done_callback(on_gone)
     try:
-        await asyncio.sleep(0)  # the watcher takes its place before the work starts
+        if watcher is not None:
+            await asyncio.sleep(0)  # the watcher takes its place before the work starts
         return await work
     except BaseException:
         if not left:
@@ -340,8 +346,9 @@ async def until_disconnected(request: Request, work: Coroutine[object, object, T
         raise ClientGone() from None  # the work's own error, if any, has nobody to go to
     finally:
         finished = True
-        watcher.remove_done_callback(on_gone)
-        watcher.cancel()
+        gone.remove_done_callback(on_gone)
+        if watcher is not None:
+            watcher.cancel()
         work.close()  # a no-op once it ran; a client gone before it started: closed unstarted
 
 
