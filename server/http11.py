@@ -71,7 +71,7 @@ class HeadWithBody:
         return getattr(self._transport, name)
 
 
-class HoldsHeads:
+class DaemonCycles:
     """Both protocols' part: each new request's cycle writes through a HeadWithBody, whose held
     head goes out when the response completes, and its scope gets the request's arrival and its
     connection's loss. Each protocol sets `arrived_at` when a request's first bytes come, calls
@@ -111,7 +111,7 @@ class HoldsHeads:
         super().on_response_complete()
 
 
-class APIErrorH11Protocol(HoldsHeads, H11Protocol):
+class APIErrorH11Protocol(DaemonCycles, H11Protocol):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.request_line = b""  # the current request's first line, as received: its path picks the error shape
@@ -174,7 +174,7 @@ def protocol_class() -> type:
     except ImportError:
         return APIErrorH11Protocol
 
-    class APIErrorHttpToolsProtocol(HoldsHeads, HttpToolsProtocol):
+    class APIErrorHttpToolsProtocol(DaemonCycles, HttpToolsProtocol):
         read_at = 0.0
 
         def data_received(self, data: bytes) -> None:
