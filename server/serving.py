@@ -19,10 +19,10 @@ A client can leave in two places, and its work is cancelled at once in both:
 - before the response starts (a request waiting in the queue, or a non-streamed one being
   generated): Starlette does not notice, so `until_disconnected` cancels the work when the
   client's connection is lost (the daemon's HTTP protocol hands that over in the scope);
-- while an SSE stream is being sent: Starlette cancels the sending task. `EventStream` then
-  closes its event generator, shielded from that cancellation, so the generator's `finally`
-  closes the text stream, which aborts the request in the engine within a step (instead of
-  whenever the garbage collector finalizes a half-read generator).
+- while an SSE stream is being sent: `EventStream` sends it under `until_disconnected` too, which
+  cancels the sending; it then closes its event generator, shielded from that cancellation, so
+  the generator's `finally` closes the text stream, which aborts the request in the engine within
+  a step (instead of whenever the garbage collector finalizes a half-read generator).
 """
 
 from __future__ import annotations
@@ -381,8 +381,9 @@ class EventStream(StreamingResponse):
         self.opened = opened  # StreamHead's task, which sent the head
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The head and the first frame go out from the handler's own task: Starlette's task group
-        # (which sends the rest while it listens for the client leaving) starts a turn of the loop later.
+        # Every frame goes out from the handler's own task, guarded as the work before it was
+        # (until_disconnected). Starlette's task group would start a second task a turn of the loop
+        # after the first frame, while the engine waits for the loop to take its next chunk.
         try:
             first = await anext(self.body_iterator, "")
             if self.opened is None:
@@ -395,7 +396,10 @@ class EventStream(StreamingResponse):
         except BaseException:
             await aclose(self.body_iterator)
             raise
-        await super().__call__(scope, receive, send)
+        try:
+            await until_disconnected(Request(scope, receive), self.stream_response(send))
+        except ClientGone:
+            pass  # closing the frames (stream_response) aborted the request
 
     async def stream_response(self, send: Send) -> None:
         try:
