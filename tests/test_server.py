@@ -435,18 +435,16 @@ def test_disconnect_mid_stream_frees_the_engine_within_a_step(client, http):
     assert response.choices[0].finish_reason in ("stop", "length")
 
 
-def test_disconnect_while_queued_drops_the_request(client, http, daemon):
+def assert_dropped_while_queued(client, http, queue_and_leave) -> None:
+    """Hold the engine with a long stream, run queue_and_leave() (a request that waits in the queue
+    and whose client leaves), and check that the request was dropped without ever running."""
     before = wait_idle(http)
     running = client.chat.completions.create(
         model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
     next(iter(running))  # it holds the engine now
-    with pytest.raises(httpx.TimeoutException):  # this one waits in the queue; its client gives up
-        httpx.post(
-            daemon.url + "/v1/completions", headers={"x-api-key": daemon.token},
-            json={"prompt": "Hello", "max_tokens": 4}, timeout=0.5,
-        )  # fmt: skip
+    queue_and_leave()
     deadline = time.monotonic() + 30
     while stats(http)["scheduler"]["queued"]:
         assert time.monotonic() < deadline
@@ -455,39 +453,40 @@ def test_disconnect_while_queued_drops_the_request(client, http, daemon):
     after = wait_idle(http)
     assert after["scheduler"]["dropped_while_queued"] == before["scheduler"]["dropped_while_queued"] + 1
     assert after["engine"]["requests"] == before["engine"]["requests"] + 1  # the dropped one never ran
+
+
+def test_disconnect_while_queued_drops_the_request(client, http, daemon):
+    def queue_and_leave():
+        with pytest.raises(httpx.TimeoutException):  # this one waits in the queue; its client gives up
+            httpx.post(
+                daemon.url + "/v1/completions", headers={"x-api-key": daemon.token},
+                json={"prompt": "Hello", "max_tokens": 4}, timeout=0.5,
+            )  # fmt: skip
+
+    assert_dropped_while_queued(client, http, queue_and_leave)
 
 
 def test_disconnect_while_queued_is_seen_after_a_large_body(client, http, daemon):
     """The body's last 100 KB come in one write, past uvicorn's high-water mark (64 KiB), which
     pauses reading the connection; the daemon reads on once the body is in, so that the client
     leaving while its request waits in the queue is still seen."""
-    before = wait_idle(http)
-    running = client.chat.completions.create(
-        model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
-        extra_body={"ignore_eos": True},
-    )  # fmt: skip
     start = json.dumps({"prompt": "Hello", "max_tokens": 4}).encode()
     rest = b" " * 100_000  # JSON's whitespace: a large body, a short prompt
     url = httpx.URL(daemon.url)
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nx-api-key: {daemon.token}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(start) + len(rest)}\r\n\r\n").encode()  # fmt: skip
-    next(iter(running))  # it holds the engine now
-    with socket.create_connection((url.host, url.port)) as sock:
-        sock.sendall(head + start)
-        time.sleep(0.2)  # the handler has read the start of the body and waits for the rest
-        sock.sendall(rest)
-        deadline = time.monotonic() + 30
-        while not stats(http)["scheduler"]["queued"]:  # it waits in the queue; then its client leaves
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-    deadline = time.monotonic() + 30
-    while stats(http)["scheduler"]["queued"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    running.close()
-    after = wait_idle(http)
-    assert after["scheduler"]["dropped_while_queued"] == before["scheduler"]["dropped_while_queued"] + 1
-    assert after["engine"]["requests"] == before["engine"]["requests"] + 1  # the dropped one never ran
+
+    def queue_and_leave():
+        with socket.create_connection((url.host, url.port)) as sock:
+            sock.sendall(head + start)
+            time.sleep(0.2)  # the handler has read the start of the body and waits for the rest
+            sock.sendall(rest)
+            deadline = time.monotonic() + 30
+            while not stats(http)["scheduler"]["queued"]:  # it waits in the queue; then its client leaves
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+
+    assert_dropped_while_queued(client, http, queue_and_leave)
 
 
 def test_full_queue_is_429_with_retry_after(client, http, daemon):
