@@ -13,7 +13,8 @@
     GET  /openapi.json           this API's OpenAPI document (server/openapi.py)
 
 Around the routes, outermost first: request ids, metrics and access logs (observability.py); the
-Host and Origin checks (access.py); CORS for configured origins; the token (auth.py).
+Host and Origin checks (access.py); CORS for configured origins; the token (access.py); the
+APIs' own routes, reached directly (serving.DirectRoutes).
 
 create_app() takes what it serves as arguments, so the daemon (server/daemon.py) and tests build
 it the same way.
@@ -39,6 +40,7 @@ from lingcode.server.observability import RequestObserver, add_metrics_route
 from lingcode.server.openai.chat import ChatServing
 from lingcode.server.openai.completions import CompletionsServing
 from lingcode.server.responses.serving import ResponsesServing
+from lingcode.server.serving import DirectRoutes
 from lingcode.server.sessions.serving import SessionsServing
 from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
 from lingcode.agent import grammar
@@ -60,6 +62,7 @@ def create_app(
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.openapi = functools.partial(openapi.document, app, OPEN_PATHS)
     errors.install(app)
+    app.add_middleware(DirectRoutes, routes=app.router.routes)
     app.add_middleware(TokenAuth, token=token, unix_socket=unix_socket)
     if allowed_origins:  # preflights are answered here, before the token (browsers send none with them)
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],

@@ -43,7 +43,8 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lingcode.agent.grammar import GrammarError, GrammarUnavailable
 from lingcode.agent.tool_parsers import Tool
@@ -161,21 +162,51 @@ class ServingRequest(Request):
 class RequestRoute(APIRoute):
     """A route whose endpoint takes a ServingRequest and reads its own body (Serving.handle):
     FastAPI's dependency solving would find nothing to inject, yet runs before the handler on
-    every request (docs/engine-notes.md). An error goes to the app's exception handlers
-    (errors.install), as from any route. The route stays in the OpenAPI schema."""
+    every request (docs/engine-notes.md). The route answers its own APIErrors (the handler raises
+    them before any response starts), so it needs none of the app's exception layers (DirectRoutes);
+    an unexpected error still reaches the app's outermost handler, a 500. The route stays in the
+    OpenAPI schema."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         endpoint = self.endpoint
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
-            response = await endpoint(ServingRequest(scope, receive, send))
+            try:
+                response = await endpoint(ServingRequest(scope, receive, send))
+            except APIError as exc:
+                response = exc.response(scope["path"])
             await response(scope, receive, send)
 
         self.app = app
 
     def get_route_handler(self):
         return self.endpoint
+
+
+class DirectRoutes:
+    """The innermost of lingcode's middlewares: a POST to an API's own path (a RequestRoute without
+    path parameters) goes straight to its route, past the exception layers, the router's walk over
+    every route and the route's own dispatch, which the framework runs before each handler. Every
+    other request goes on through the app as before (and 404s and 405s are still the router's)."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]):
+        self.app = app
+        self.routes = routes  # the app's live list: the APIs install their routes after this middleware
+        self._direct: dict[str, ASGIApp] = {}
+        self._seen = -1  # how many routes there were when _direct was built
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            if len(self.routes) != self._seen:
+                self._direct = {r.path: r.app for r in self.routes
+                                if isinstance(r, RequestRoute) and not r.param_convertors}  # fmt: skip
+                self._seen = len(self.routes)
+            route = self._direct.get(scope["path"])
+            if route is not None:
+                await route(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class Serving:
