@@ -25,6 +25,15 @@ def source_commit() -> str:
     return f"{commit}+changes" if commit and changed.stdout.strip() else commit
 
 
+def share_kernels(home: Path) -> None:
+    """Give a daemon's private LINGCODE_HOME this user's built CPU kernels (paths.native_dir()), so
+    that each run does not build them again (a minute or two on 2 cores) before it can measure."""
+    from lingcode import paths
+
+    (home / "cache").mkdir(exist_ok=True)
+    (home / "cache" / "native").symlink_to(paths.native_dir())
+
+
 def write_result(out: str | Path | None, result: dict, table: str, indent: int = 2) -> None:
     """OUT.json (the result) and OUT.md (its table), where --out asked for them."""
     if out is None:

@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpx
 
-from lingcode.bench import source_commit, write_result
+from lingcode.bench import share_kernels, source_commit, write_result
 
 # A code edit of a file that is not lingcode's own (a small JavaScript module), and a chat question.
 CODE = """\
@@ -510,6 +510,7 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
 
     for speculation in args.speculation.split(","):
         home = Path(tempfile.mkdtemp(prefix="lingcode-bench-daemon-"))
+        share_kernels(home)
         standin = engine = daemon = None
         try:
             if args.engine == "sglang":

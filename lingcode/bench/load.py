@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from lingcode import models, paths
-from lingcode.bench import source_commit, write_result
+from lingcode import models
+from lingcode.bench import share_kernels, source_commit, write_result
 
 GOAL_S = 3.0
 
@@ -66,8 +66,7 @@ def main(args) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="lingcode-bench-load-") as tmp:
         home = Path(tmp)
-        (home / "cache").mkdir()
-        (home / "cache" / "native").symlink_to(paths.native_dir())  # the built kernels: not rebuilt per run
+        share_kernels(home)
         for i in range(args.runs):
             for kind in ("cold", "warm"):
                 if kind == "cold":

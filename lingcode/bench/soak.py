@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from lingcode.bench import source_commit
+from lingcode.bench import share_kernels, source_commit
 
 if TYPE_CHECKING:
     import httpx
@@ -330,6 +330,7 @@ def _with_own_daemon(args, config: SoakConfig, say) -> tuple[SoakReport, bool]:
 
     model_path = models.ensure(args.model)
     with tempfile.TemporaryDirectory(prefix="lingcode-soak-") as home:
+        share_kernels(Path(home))
         env = {**os.environ, "LINGCODE_HOME": home}
         command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
                    "--device", args.device, "--log-level", "warning"]  # fmt: skip
