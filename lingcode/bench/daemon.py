@@ -382,6 +382,12 @@ async def _close(clients: dict) -> None:
 # --- daemons ------------------------------------------------------------------------------------
 
 
+def _cpus() -> str:
+    """The CPUs this run may use (a run pinned with taskset says how many of the machine's)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{allowed} CPUs" if allowed == os.cpu_count() else f"{allowed} CPUs of {os.cpu_count()}"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -915,7 +921,7 @@ def main(args: argparse.Namespace) -> int:
                       + "".join(f", {e}" for e in args.serve_env),
             "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
             "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, loadavg {os.getloadavg()}",
+            "machine": f"{platform.machine()}, {_cpus()}, {platform.platform()}, loadavg {os.getloadavg()}",
             "inputs": inputs(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
         }  # fmt: skip
     report |= {"rows": summarize(samples), "pooled": pooled(samples)}
