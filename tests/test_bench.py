@@ -87,7 +87,7 @@ def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
     temp.mkdir()
     done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
                            str(model_path), "--workload", "chat,stdlib", "--prompts", str(prompts), "--requests", "2",
-                           "--max-tokens", "8", "--clients", "httpx,aiohttp,socket", "--out", str(out)],
+                           "--max-tokens", "8", "--clients", "httpx,aiohttp,socket", "--pause-ms", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
     assert done.returncode == 0, done.stderr

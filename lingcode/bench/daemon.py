@@ -622,6 +622,8 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                         for client in order:
                             for side in ("direct", client) if (i // 2) % 2 == 0 else (client, "direct"):
                                 for cached in (False, True):
+                                    if args.pause_ms > 0:
+                                        await asyncio.sleep(args.pause_ms / 1e3)
                                     sample = await (measure_direct(client, cached) if side == "direct"
                                                     else measure_daemon(client, cached))  # fmt: skip
                                     if i > 0:
@@ -898,6 +900,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sglang-stream", choices=["incremental", "cumulative"], default="incremental",
                         help="the stand-in's events: only the new tokens (--incremental-streaming-output, as lingcode's "
                              "launch profiles run SGLang) or every token so far (SGLang's default)")  # fmt: skip
+    parser.add_argument("--pause-ms", type=float, default=0.0, metavar="MS",
+                        help="idle this long before each measured request, direct or through the daemon, so that "
+                             "neither engine's threads are still awake from the request before (default: 0, back "
+                             "to back: a direct request follows the one before at once, a daemon's after HTTP)")  # fmt: skip
     parser.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)")
     parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
