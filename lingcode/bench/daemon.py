@@ -9,7 +9,8 @@ the client's, not the daemon's. `--clients ...,socket` adds a reader with no HTT
 any client. Each client's requests are paired with direct ones of their own,
 next to them in the round, so that both engines answer as often. Each request is sent twice in a
 row, so the second one finds its prompt in the KV cache: the time to first token the daemon adds is
-read there.
+read there. Back to back by default: a direct request follows the one before at once, a daemon's
+after HTTP; --pause-ms idles before every measured request on both sides instead.
 Reported per workload and speculation mode (medians):
 
 - ms per output token, direct and through the daemon, and their ratio;
