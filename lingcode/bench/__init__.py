@@ -25,6 +25,11 @@ def source_commit() -> str:
     return f"{commit}+changes" if commit and changed.stdout.strip() else commit
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, as taskset sets it), where the OS says."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+
+
 def share_kernels(home: Path) -> None:
     """Give a daemon's private LINGCODE_HOME this user's built CPU kernels (paths.native_dir()), so
     that each run does not build them again (a minute or two on 2 cores) before it can measure."""

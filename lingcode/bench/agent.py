@@ -22,6 +22,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from lingcode.bench import usable_cpus
 from lingcode.client import Client, ensure_daemon
 
 SYSTEM = "You are a coding agent working in a Python repository. Use the tools to inspect files before you answer."
@@ -127,18 +128,12 @@ async def bench(turns: int, max_tokens: int, cold_every: int, serve_args: list[s
         await client.aclose()
     result = {
         "benchmark": "agent", "date": datetime.now(UTC).isoformat(timespec="seconds"), "model": models["data"][0]["id"],
-        "engine": daemon.engine, "machine": f"{platform.machine()}, {_cpus()} CPUs, {platform.system()}",
+        "engine": daemon.engine, "machine": f"{platform.machine()}, {usable_cpus()} CPUs, {platform.system()}",
         "turns": turns, "max_tokens": max_tokens, "cold_every": cold_every,
         "session": session, "stateless": stateless, "cold": cold,
     }  # fmt: skip
     result["summary"] = {"session": summarize(session), "stateless": summarize(stateless), "cold": summarize(cold) if cold else None}
     return result
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
 
 
 def main(args: argparse.Namespace) -> int:

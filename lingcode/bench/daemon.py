@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpx
 
-from lingcode.bench import share_kernels, source_commit, write_result
+from lingcode.bench import share_kernels, source_commit, usable_cpus, write_result
 
 # A code edit of a file that is not lingcode's own (a small JavaScript module), and a chat question.
 CODE = """\
@@ -385,7 +385,7 @@ async def _close(clients: dict) -> None:
 
 def _cpus() -> str:
     """The CPUs this run may use (a run pinned with taskset says how many of the machine's)."""
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    allowed = usable_cpus()
     return f"{allowed} CPUs" if allowed == os.cpu_count() else f"{allowed} CPUs of {os.cpu_count()}"
 
 

@@ -21,7 +21,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from lingcode.bench import REPO, source_commit, write_result
+from lingcode.bench import REPO, source_commit, usable_cpus, write_result
 
 TOOL_SETS = {"opencode": "opencode_tools.json", "claude-code": "claude_code_tools.json", "codex": "codex_tools.json"}
 # One real call per tool set, as the model writes it (json.dumps' separators).
@@ -197,7 +197,7 @@ def main(args) -> int:
         for lib in libraries:
             patho.append({"case": label, "library": lib.name, **_run_child(lib.name, label)})
     result = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": source_commit(),
-              "command": "lingcode bench grammar " + " ".join(sys.argv[3:]), "cpus": len(os.sched_getaffinity(0)),
+              "command": "lingcode bench grammar " + " ".join(sys.argv[3:]), "cpus": usable_cpus(),
               "loadavg": os.getloadavg(), "versions": _versions(), "tokenizer_setup_ms": setup, "rows": rows,
               "pathological": patho}  # fmt: skip
     table = render(result)

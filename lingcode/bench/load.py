@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from lingcode import models
-from lingcode.bench import share_kernels, source_commit, write_result
+from lingcode.bench import share_kernels, source_commit, usable_cpus, write_result
 
 GOAL_S = 3.0
 
@@ -80,7 +80,7 @@ def main(args) -> int:
             for kind, found in runs.items()]  # fmt: skip
     result = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": source_commit(),
               "command": "lingcode bench load " + " ".join(sys.argv[3:]), "model": model.name, "runs": args.runs,
-              "cpus": len(os.sched_getaffinity(0)), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+              "cpus": usable_cpus(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
               "goal_s": GOAL_S, "rows": rows}  # fmt: skip
     table = render(result)
     print(table)

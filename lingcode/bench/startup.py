@@ -16,7 +16,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from lingcode.bench import source_commit, write_result
+from lingcode.bench import source_commit, usable_cpus, write_result
 
 COMMANDS = (("--help",), ("models",), ("doctor",), ("sglang-args",), ("lsp", "--help"), ("pull",))
 GOAL_MS = 300.0
@@ -83,7 +83,7 @@ def main(args) -> int:
              "first_output_runs_ms": [round(t[0], 1) for t in runs]} for name, runs in times.items()]  # fmt: skip
     result = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": source_commit(),
               "command": "lingcode bench startup " + " ".join(sys.argv[3:]), "runs": args.runs,
-              "cpus": len(os.sched_getaffinity(0)), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+              "cpus": usable_cpus(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
               "python": sys.version.split()[0], "goal_ms": GOAL_MS, "rows": rows}  # fmt: skip
     table = render(result)
     print(table)
