@@ -18,7 +18,9 @@ import os
 import threading
 import time
 import dataclasses
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -75,6 +77,37 @@ class _Run:
     barrier_sleeps: int | None = None  # the CPU step's count when the request began (None: not that step)
 
 
+class Worker:
+    """The engine's one thread, running requests in turn. Handing it one is a queue put, and its
+    end reaches the event loop as one call_soon_threadsafe: a ThreadPoolExecutor's submit wrapped
+    in an asyncio future cost several times that, on the way to every first token."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="lingcode-engine", daemon=True)
+        self._thread.start()
+
+    def put(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        """Finish the jobs queued, then end the thread."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except BaseException:  # a job's own failure is reported by the job; the thread goes on
+                log.exception("engine worker job failed")
+
+
+def _finish(done: asyncio.Future) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
 class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
@@ -116,7 +149,7 @@ class LocalEngine:
                    "kv_cache_dtype": str(self.model.layers[0].attn.kv_cache.k.dtype).removeprefix("torch."),
                    "speculation": speculation, "kernels": kernels, "step": self.step.name},  # fmt: skip
         )
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingcode-engine")
+        self._worker = Worker()
         self._requests: dict[str, _Request] = {}
         self._cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.kv_store = PrefixStore(kv_store_bytes)
@@ -144,8 +177,10 @@ class LocalEngine:
     async def generate(
         self, request_id: str, input_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenChunk]:
-        chunks = ChunkChannel(asyncio.get_running_loop(), self.chunk_interval(params), self.hand_over_first)
-        done = asyncio.wrap_future(self.submit(request_id, input_ids, params, chunks.put))
+        loop = asyncio.get_running_loop()
+        chunks = ChunkChannel(loop, self.chunk_interval(params), self.hand_over_first)
+        done = loop.create_future()
+        self._start(request_id, input_ids, params, chunks.put, lambda: loop.call_soon_threadsafe(_finish, done))
         if self.head_early:
             handed_over()
         try:
@@ -164,12 +199,24 @@ class LocalEngine:
 
     def submit(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> Future:
         """Run one request on the worker thread, which calls emit() with each step's TokenChunk (or
-        the exception that ends it). generate() hands them to the event loop; the engine's own
-        process (lingcode.engine.local.process) writes them to its socket."""
-        req = self._admit(request_id, input_ids, params, emit)
-        done = self._worker.submit(self._run_and_tidy, req)
-        done.add_done_callback(lambda _: self._requests.pop(request_id, None))
+        the exception that ends it); the future is done once the request is (generate() hands the
+        chunks to the event loop instead)."""
+        done: Future = Future()
+        self._start(request_id, input_ids, params, emit, lambda: done.set_result(None))
         return done
+
+    def _start(self, request_id: str, input_ids: list[int], params: SamplingParams, emit,
+               finished: Callable[[], None]) -> None:  # fmt: skip
+        req = self._admit(request_id, input_ids, params, emit)
+
+        def job() -> None:
+            try:
+                self._run_and_tidy(req)
+            finally:
+                self._requests.pop(request_id, None)
+                finished()
+
+        self._worker.put(job)
 
     def run(self, request_id: str, input_ids: list[int], params: SamplingParams, emit) -> None:
         """submit()'s work in the calling thread, to the end (the engine's own process runs requests
@@ -215,7 +262,7 @@ class LocalEngine:
     async def close(self) -> None:
         for req in list(self._requests.values()):
             req.aborted.set()
-        self._worker.shutdown(wait=True)
+        self._worker.close()
 
     # --- the worker thread --------------------------------------------------------------------
 
