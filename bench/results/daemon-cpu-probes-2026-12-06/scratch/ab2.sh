@@ -1,4 +1,5 @@
 #!/bin/bash
+# /tmp/s29/marks.py was marks.py here (ab.sh: with marks.patch applied; ab2.sh: the same less its engine.py part, plus x8/x9 marks around the hand-off to the worker)
 cd /work/main
 for round in 1 2 3; do
 for v in old new; do
