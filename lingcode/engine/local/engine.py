@@ -84,16 +84,23 @@ class Worker:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="lingcode-engine", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # started by the first job (an engine's own process has none)
+        self._starting = threading.Lock()
 
     def put(self, job: Callable[[], None]) -> None:
+        if self._thread is None:
+            with self._starting:  # one thread, however many callers come first
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._serve, name="lingcode-engine", daemon=True)
+                    self._thread.start()
         self._jobs.put(job)
 
     def close(self) -> None:
         """Finish the jobs queued, then end the thread."""
-        self._jobs.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
