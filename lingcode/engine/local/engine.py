@@ -110,6 +110,15 @@ class Worker:
                 log.exception("engine worker job failed")
 
 
+def _finish_soon(loop: asyncio.AbstractEventLoop, done: asyncio.Future) -> None:
+    """Worker thread: tell the loop that a request is done, unless the loop closed meanwhile."""
+    if not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(_finish, done)
+        except RuntimeError:  # it closed between the check and the call
+            pass
+
+
 def _finish(done: asyncio.Future) -> None:
     if not done.done():
         done.set_result(None)
@@ -187,7 +196,7 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         chunks = ChunkChannel(loop, self.chunk_interval(params), self.hand_over_first)
         done = loop.create_future()
-        self._start(request_id, input_ids, params, chunks.put, lambda: loop.call_soon_threadsafe(_finish, done))
+        self._start(request_id, input_ids, params, chunks.put, lambda: _finish_soon(loop, done))
         if self.head_early:
             handed_over()
         try:
