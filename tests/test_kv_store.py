@@ -241,3 +241,42 @@ def test_whatever_comes_the_store_and_cache_hold_what_they_claim(requests, budge
                 fresh.k[:, :, entry.copied :] = live_cache.k[:, :, entry.copied :]
                 fresh.v[:, :, entry.copied :] = live_cache.v[:, :, entry.copied :]
             assert _holds(probe, list(entry.key))
+
+
+def test_stats_read_while_the_engine_thread_saves_and_evicts():
+    """The daemon reads the store's stats on its event loop while the engine's thread adds and drops
+    entries: a change between two entries once failed the stats request (a 500 with no counts)."""
+    import sys
+    import threading
+
+    from lingcode.engine.local.kv_store import _Entry
+
+    store = PrefixStore(1 << 20)
+    for n in range(64):
+        store._entries[(n,) * 8] = _Entry((n,) * 8, bytes=8)
+    done, failures = threading.Event(), []
+
+    def churn() -> None:  # what save() and eviction do to the entries, as fast as it can
+        n = 64
+        while not done.is_set():
+            store._entries[(n,) * 8] = _Entry((n,) * 8, bytes=8)
+            store._entries.popitem(last=False)
+            n += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: the race shows within a few reads
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        for _ in range(3000):
+            try:
+                stats = store.stats()
+            except RuntimeError as exc:
+                failures.append(exc)
+                break
+            assert stats["entries"] in (64, 65) and stats["bytes"] == stats["entries"] * 8  # one snapshot
+    finally:
+        done.set()
+        worker.join()
+        sys.setswitchinterval(interval)
+    assert not failures, failures

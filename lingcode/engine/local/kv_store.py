@@ -116,9 +116,12 @@ class PrefixStore:
         self._entries.clear()
 
     def stats(self) -> dict:
-        return {**self.counters, "entries": len(self._entries), "tokens": sum(map(len, self._entries)),
-                "resident_tokens": sum(len(e.key) - e.copied for e in self._entries.values()),
-                "bytes": self._size(), "max_bytes": self.max_bytes}  # fmt: skip
+        # Read on the daemon's event loop while the engine's thread saves and evicts: the entries
+        # taken at once (one C call, which no other thread interrupts), then counted.
+        entries = list(self._entries.values())
+        return {**self.counters, "entries": len(entries), "tokens": sum(len(e.key) for e in entries),
+                "resident_tokens": sum(len(e.key) - e.copied for e in entries),
+                "bytes": sum(e.bytes for e in entries), "max_bytes": self.max_bytes}  # fmt: skip
 
     # --- internals ----------------------------------------------------------------------------
 
