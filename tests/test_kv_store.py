@@ -11,13 +11,16 @@ live cache hold what they claim to.
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lingcode.engine import SamplingParams, common_prefix
 from lingcode.engine.local.engine import LocalEngine
-from lingcode.engine.local.kv_store import PrefixStore
+from lingcode.engine.local.kv_store import PrefixStore, _Entry
 from lingcode.engine.local.model import KVCache
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
@@ -248,11 +251,6 @@ def test_whatever_comes_the_store_and_cache_hold_what_they_claim(requests, budge
 def test_stats_read_while_the_engine_thread_saves_and_evicts():
     """The daemon reads the store's stats on its event loop while the engine's thread adds and drops
     entries: a change between two entries once failed the stats request (a 500 with no counts)."""
-    import sys
-    import threading
-
-    from lingcode.engine.local.kv_store import _Entry
-
     store = PrefixStore(1 << 20)
     for n in range(64):
         store._entries[(n,) * 8] = _Entry((n,) * 8, bytes=8)
