@@ -78,7 +78,8 @@ def test_bench_runs_llama_cpp_in_its_own_interpreter(tmp_path, model_path):
 
 
 def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
-    """`lingcode bench daemon` against SGLang's stand-in: a row per client, each beside its own floor."""
+    """`lingcode bench daemon` against SGLang's stand-in: a row per client (the openai SDK's typed
+    chunks among them), each beside its own floor."""
     out = tmp_path / "daemon"
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"messages": [{"role": "user", "content": "Name a sorting algorithm."}]}\n\n'
@@ -87,14 +88,14 @@ def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
     temp.mkdir()
     done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
                            str(model_path), "--workload", "chat,stdlib", "--prompts", str(prompts), "--requests", "2",
-                           "--max-tokens", "8", "--clients", "httpx,aiohttp,socket", "--pause-ms", "1", "--out", str(out)],
+                           "--max-tokens", "8", "--clients", "httpx,aiohttp,openai,socket", "--pause-ms", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert not any(temp.iterdir())  # the daemon's home, its prepared model with it, is gone
     report = json.loads(out.with_suffix(".json").read_text())
     assert [(row["workload"], row["client"]) for row in report["rows"]] == [
-        (workload, client) for workload in ("chat", "stdlib", "prompts") for client in ("httpx", "aiohttp", "socket")]
+        (workload, client) for workload in ("chat", "stdlib", "prompts") for client in ("httpx", "aiohttp", "openai", "socket")]
     # the workloads that are not the bench's own change every round, and the report names each input
     stdlib = report["inputs"]["stdlib"]
     assert len(stdlib) == len(set(stdlib)) == 2 and all("." in name for name in stdlib)
@@ -112,11 +113,11 @@ def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
         assert "arrived_at" not in row["trace_cached_ms"]
         # the daemon's own part of the added first-token time: within the whole of it
         assert row["ttft_added_in_daemon_ms"] < row["ttft_cached_daemon_ms"] - row["client_to_daemon_ms"]
-    assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp", "socket"}
+    assert {s["client"] for s in report["samples"] if s["side"] == "floor"} == {"httpx", "aiohttp", "openai", "socket"}
     assert "| speculation | workload | client |" in out.with_suffix(".md").read_text()
     # every workload's pairs pooled per client: 2 rounds x (cold, cached) x 3 workloads, first tokens cached only
     assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in report["pooled"]] == [
-        ("httpx", 12, 6), ("aiohttp", 12, 6), ("socket", 12, 6)]
+        ("httpx", 12, 6), ("aiohttp", 12, 6), ("openai", 12, 6), ("socket", 12, 6)]
     assert all(r["tpot_ratio_paired"] > 0 and r["ttft_added_paired_ms"] is not None for r in report["pooled"])
     assert all(r["ttft_added_in_daemon_ms"] is not None for r in report["pooled"])
     # --report summarizes the saved samples again, measuring nothing: the same figures
@@ -135,7 +136,7 @@ def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
     assert done.returncode == 0, done.stderr
     twice = json.loads(again.with_suffix(".json").read_text())
     assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in twice["pooled"]] == [
-        ("httpx", 24, 12), ("aiohttp", 24, 12), ("socket", 24, 12)]
+        ("httpx", 24, 12), ("aiohttp", 24, 12), ("openai", 24, 12), ("socket", 24, 12)]
     assert [r["tpot_ratio_paired"] for r in twice["pooled"]] == [r["tpot_ratio_paired"] for r in report["pooled"]]
     assert twice["command"].startswith("2 runs pooled: ") and twice["inputs"]["stdlib"] == stdlib * 2
 
@@ -197,7 +198,7 @@ def test_bench_daemon_refuses_a_prompts_file_it_cannot_read(tmp_path, model_path
     assert done.returncode != 0 and f"{bad}:2: not a" in done.stderr
     done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--clients", "httpx,curl"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 2 and "'httpx,curl': one or more of httpx, aiohttp, socket" in done.stderr
+    assert done.returncode == 2 and "'httpx,curl': one or more of httpx, aiohttp, openai, socket" in done.stderr
 
 
 def test_the_paired_ratio_comes_with_its_median_interval():

@@ -2,11 +2,12 @@
 
 The same requests go to the engine directly (in this process) and through a running daemon
 (`lingcode serve` in a process of its own, streamed over SSE), alternating request by request,
-with and without drafts. Two real clients read the daemon: httpx (the openai and anthropic SDKs'
-transport) and aiohttp; their own cost differs by more than a millisecond a request, which is
-the client's, not the daemon's. `--clients ...,socket` adds a reader with no HTTP library (one
-`recv` per event): what is left against it is the daemon's, and what the stream's events cost
-any client. Each client's requests are paired with direct ones of their own,
+with and without drafts. Two real clients read the daemon by default: httpx and aiohttp; their
+own cost differs by more than a millisecond a request, which is the client's, not the daemon's.
+`--clients ...,openai` adds the official openai SDK (its typed chunks over httpx2, the fork of
+httpx it ships on since 3.x): what an SDK script meets. `--clients ...,socket` adds a reader with
+no HTTP library (one `recv` per event): what is left against it is the daemon's, and what the
+stream's events cost any client. Each client's requests are paired with direct ones of their own,
 next to them in the round, so that both engines answer as often. Each request is sent twice in a
 row, so the second one finds its prompt in the KV cache: the time to first token the daemon adds is
 read there. Back to back by default: a direct request follows the one before at once, a daemon's
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -240,20 +242,16 @@ async def through_daemon(client, messages: list[dict], max_tokens: int
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     started, first, last, parts, tokens, trace = time.perf_counter(), None, None, [], 0, {}
-    async for line in _sse_lines(client, "/v1/chat/completions", body):
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        for choice in chunk.get("choices") or []:
-            if choice["delta"].get("content"):
-                now = time.perf_counter()
-                first = first or now
-                last = now
-                parts.append(choice["delta"]["content"])
-            if choice.get("finish_reason"):
-                trace = chunk.get("timings", {}).get("trace", {})
-        if chunk.get("usage"):
-            tokens = chunk["usage"]["completion_tokens"]
+    async for content, finished, timings, completion_tokens in _deltas(client, body):
+        if content:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            parts.append(content)
+        if finished:
+            trace = (timings or {}).get("trace", {})
+        if completion_tokens:
+            tokens = completion_tokens
     arrived = trace.pop("arrived_at", None)
     to_daemon = after_first_events = None
     if arrived is not None and "until_first_events" in trace:
@@ -263,9 +261,26 @@ async def through_daemon(client, messages: list[dict], max_tokens: int
                                                                                                   arrived)  # fmt: skip
 
 
+async def _deltas(client, body: dict) -> AsyncIterator[tuple[str | None, bool, dict | None, int | None]]:
+    """A streamed chat completion's chunks as each client's user reads them: the content, whether
+    a choice finished, the daemon's timings, and the usage's completion tokens."""
+    if isinstance(client, OpenAISDK):
+        async for each in client.deltas(body, {TRACE_HEADER: "1"}):
+            yield each
+        return
+    async for line in _sse_lines(client, "/v1/chat/completions", body):
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        for choice in chunk.get("choices") or []:
+            yield choice["delta"].get("content"), bool(choice.get("finish_reason")), chunk.get("timings"), None
+        if chunk.get("usage"):
+            yield None, False, None, chunk["usage"]["completion_tokens"]
+
+
 async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
     """The lines of a POST's streamed answer, as each client reads them."""
-    headers = {"x-lingcode-trace": "1"}
+    headers = {TRACE_HEADER: "1"}
     if isinstance(client, SocketClient):
         for line in client.stream(path, body, headers):
             yield line
@@ -282,6 +297,34 @@ async def _sse_lines(client, path: str, body: dict) -> AsyncIterator[str]:
             raise RuntimeError(f"daemon answered {response.status}: {(await response.read())[:300]!r}")
         async for raw in response.content:
             yield raw.decode().rstrip("\r\n")
+
+
+class OpenAISDK:
+    """The official openai SDK's async client: the request built and each chunk parsed into its
+    typed model, as an SDK script reads a stream. lingcode's own fields (the usage's counts, the
+    `timings` of the last chunk) come as the models' extras. Needs the openai package (a dev
+    dependency, not the daemon's)."""
+
+    def __init__(self, base_url: str, headers: dict):
+        import openai
+
+        token = headers.get("Authorization", "").removeprefix("Bearer ")
+        self.sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=token or "none", max_retries=0, timeout=600)
+
+    async def deltas(self, body: dict, headers: dict) -> AsyncIterator[tuple[str | None, bool, dict | None, int | None]]:
+        standard = ("messages", "max_tokens", "temperature", "stream", "stream_options")
+        stream = await self.sdk.chat.completions.create(
+            model="lingcode",  # one model is served; any name reaches it
+            **{key: body[key] for key in standard if key in body},
+            extra_body={key: value for key, value in body.items() if key not in standard}, extra_headers=headers)  # fmt: skip
+        async for chunk in stream:
+            for choice in chunk.choices:
+                yield choice.delta.content, bool(choice.finish_reason), (chunk.model_extra or {}).get("timings"), None
+            if chunk.usage is not None:
+                yield None, False, None, chunk.usage.completion_tokens
+
+    async def aclose(self) -> None:
+        await self.sdk.close()
 
 
 class SocketClient:
@@ -361,14 +404,15 @@ class SocketClient:
             self.sock = None
 
 
-CLIENTS = ("httpx", "aiohttp", "socket")  # the bench's order; --clients picks some
+CLIENTS = ("httpx", "aiohttp", "openai", "socket")  # the bench's order; --clients picks some
+TRACE_HEADER = "x-lingcode-trace"  # asks the daemon for its trace in the last chunk's timings
 
 
 def _clients(base_url: str, headers: dict, names: list[str]) -> dict:
     """The daemon's readers, by name (CLIENTS), each with one kept-alive connection."""
     make = {"httpx": lambda: httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600),
             "aiohttp": lambda: aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600)),
-            "socket": lambda: SocketClient(base_url, headers)}  # fmt: skip
+            "openai": lambda: OpenAISDK(base_url, headers), "socket": lambda: SocketClient(base_url, headers)}  # fmt: skip
     return {name: make[name]() for name in names}
 
 
@@ -377,7 +421,7 @@ async def _close(clients: dict) -> None:
         if isinstance(client, SocketClient):
             client.close()
         else:
-            await (client.aclose() if isinstance(client, httpx.AsyncClient) else client.close())
+            await (client.aclose() if isinstance(client, (httpx.AsyncClient, OpenAISDK)) else client.close())
 
 
 # --- daemons ------------------------------------------------------------------------------------
@@ -423,7 +467,7 @@ class Daemon:
 
 # --- the client's own share ------------------------------------------------------------------------
 # The added time to first token includes what the HTTP client itself costs to send a request and
-# parse a stream (httpx, under the openai SDK too). The floor measures it: the same client and
+# parse a stream (and the openai SDK its typed chunks). The floor measures it: the same client and
 # request against a server (a process of its own) that answers every POST at once with one content
 # event, a finish event and [DONE]. Nothing the daemon does can go below it.
 
@@ -874,6 +918,8 @@ def _client_names(text: str) -> list[str]:
     names = [name for name in text.split(",") if name]
     if not names or any(name not in CLIENTS for name in names) or len(set(names)) < len(names):
         raise argparse.ArgumentTypeError(f"{text!r}: one or more of {', '.join(CLIENTS)}, each once")
+    if "openai" in names and importlib.util.find_spec("openai") is None:
+        raise argparse.ArgumentTypeError("the openai client is the openai SDK: pip install openai")
     return names
 
 
@@ -890,8 +936,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='also your own requests: JSON Lines of {"messages": [...]}, one a round, in turn')  # fmt: skip
     parser.add_argument("--clients", type=_client_names, default=["httpx", "aiohttp"],
                         help="comma-separated readers of the daemon, each paired with direct requests of its own: "
-                             "httpx (the openai and anthropic SDKs' transport), aiohttp, socket (no HTTP library: "
-                             "what reading the stream costs any client) (default: httpx,aiohttp)")  # fmt: skip
+                             "httpx, aiohttp, openai (the official SDK: its typed chunks, over httpx2), socket "
+                             "(no HTTP library: what reading the stream costs any client) (default: httpx,aiohttp)")  # fmt: skip
     parser.add_argument("--speculation", default="off,ngram", help="comma-separated speculation modes (local engine)")
     parser.add_argument("--requests", type=int, default=3,
                         help="measured rounds per workload: in each, a cold and a cached request per client, "
