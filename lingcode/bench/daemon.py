@@ -261,7 +261,10 @@ async def through_daemon(client, messages: list[dict], max_tokens: int
                                                                                                   arrived)  # fmt: skip
 
 
-async def _deltas(client, body: dict) -> AsyncIterator[tuple[str | None, bool, dict | None, int | None]]:
+Delta = tuple[str | None, bool, dict | None, int | None]  # content, a choice finished, timings, completion tokens
+
+
+async def _deltas(client, body: dict) -> AsyncIterator[Delta]:
     """A streamed chat completion's chunks as each client's user reads them: the content, whether
     a choice finished, the daemon's timings, and the usage's completion tokens."""
     if isinstance(client, OpenAISDK):
@@ -311,7 +314,7 @@ class OpenAISDK:
         token = headers.get("Authorization", "").removeprefix("Bearer ")
         self.sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=token or "none", max_retries=0, timeout=600)
 
-    async def deltas(self, body: dict, headers: dict) -> AsyncIterator[tuple[str | None, bool, dict | None, int | None]]:
+    async def deltas(self, body: dict, headers: dict) -> AsyncIterator[Delta]:
         standard = ("messages", "max_tokens", "temperature", "stream", "stream_options")
         stream = await self.sdk.chat.completions.create(
             model="lingcode",  # one model is served; any name reaches it
