@@ -11,7 +11,8 @@ app, so they are in neither the access log nor /metrics; uvicorn logs a warning 
 
 Each response's head also goes out with its first body bytes, in one write (HeadWithBody):
 uvicorn writes them apart, and on loopback each write wakes the client, so a streamed answer's
-first token waited for a second wake-up.
+first token waited for a second wake-up. A stream that opens before it has anything to send sends
+its head alone (SEND_HEAD, in the scope: server/serving.py's StreamHead).
 
 Each request's scope carries when its first bytes were read (ARRIVED_AT, perf_counter's clock):
 the request's trace starts there, so parsing it and starting its task count as the daemon's. It
@@ -34,6 +35,7 @@ from lingcode.server.errors import APIError
 REQUEST_LINE_BYTES = 8192
 ARRIVED_AT = "lingcode.arrived_at"  # the scope's key: when the request's first bytes were read
 DISCONNECTED = "lingcode.disconnected"  # the scope's key: a future, done once the connection is lost
+SEND_HEAD = "lingcode.send_head"  # the scope's key: sends a response head held for the first body write now
 _CONTINUE = b"HTTP/1.1 100 "  # an interim answer: the client waits for it before sending the body
 
 
@@ -73,8 +75,8 @@ class HeadWithBody:
 
 class DaemonCycles:
     """Both protocols' part: each new request's cycle writes through a HeadWithBody, whose held
-    head goes out when the response completes, and its scope gets the request's arrival and its
-    connection's loss. Each protocol sets `arrived_at` when a request's first bytes come, calls
+    head goes out when the response completes (or when SEND_HEAD is called), and its scope gets the
+    request's arrival and its connection's loss. Each protocol sets `arrived_at` when a request's first bytes come, calls
     hold_heads() where its parser starts a cycle (h11: handle_events; httptools:
     on_headers_complete), and read_on() where a request's body is all in."""
 
@@ -97,6 +99,7 @@ class DaemonCycles:
             cycle.transport = HeadWithBody(cycle.transport)
             cycle.scope[ARRIVED_AT] = self.arrived_at
             cycle.scope[DISCONNECTED] = self.lost
+            cycle.scope[SEND_HEAD] = cycle.transport.flush
 
     def read_on(self) -> None:
         """A request's body is all in: read on, so that its client leaving is seen while the app works

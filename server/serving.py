@@ -8,12 +8,12 @@ fills in two steps, the way SGLang's entrypoints/openai/serving_base does it:
 
 and handle() does the rest, the same for all: read and validate the body, compile a grammar if
 the turn needs one (off the event loop, cancelled if the client leaves), run the turn, then answer
-once (collect) or stream. A streamed response starts once the engine has the request (its head
-and opening go out while the engine computes the first token, and the client reads them
-meanwhile), or with the first events, whichever comes first; so a full queue (429), a context
-overflow or a bad grammar is still a proper HTTP error; a client that leaves is cancelled at once;
-an error after the stream started is an error frame in the API's own shape. Each list of events
-from the pipeline (one engine chunk) is one write.
+once (collect) or stream. A streamed response starts as soon as nothing can refuse it any more
+(StreamHead): its head goes out while the prompt is tokenized and the engine takes the request,
+or once the engine has it, or with the first events, and the client reads it meanwhile; so a full
+queue (429), a context overflow or a bad grammar is still a proper HTTP error; a client that
+leaves is cancelled at once; an error after the stream started is an error frame in the API's own
+shape. Each list of events from the pipeline (one engine chunk) is one write.
 
 A client can leave in two places, and its work is cancelled at once in both:
 - before the response starts (a request waiting in the queue, or a non-streamed one being
@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -54,8 +55,8 @@ from lingcode.pipeline import metrics
 from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_constraint, run_turn
-from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
-from lingcode.server.http11 import DISCONNECTED
+from lingcode.server.errors import ANTHROPIC_PATH, CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
+from lingcode.server.http11 import DISCONNECTED, SEND_HEAD
 from lingcode.server.openapi import request_body
 from lingcode.server.validation import StrictModel, parse, read_json
 from lingcode.text.chat_template import TemplateError
@@ -68,6 +69,8 @@ T = TypeVar("T")
 # Prompts longer than this (characters) are rendered and tokenized on a thread, so one huge
 # request cannot stall every other client's stream; shorter ones inline, which is faster.
 INLINE_PROMPT_CHARS = 64 * 1024
+# Tokens a tokenizer may add to a text's own (BOS, EOS, a leading space marker): Serving._leaves_room
+PROMPT_TOKENS_ADDED = 16
 
 
 def sse(payload: dict) -> str:
@@ -241,20 +244,26 @@ class Serving:
         body = parse(self.request_model, data)
         trace.add("body", read - started)
         trace.add("validate", clock() - read)
-        # 2. convert: the prompt, the sampling params, the shape
-        prepared = await self.prepare(body, request)
-        try:
-            # 3. the grammar, if the turn needs one
-            if prepared.turn.spec.forced_tools() is not None or prepared.json_format is not None:
-                compiled = clock()
-                await until_disconnected(request, self._constrain(prepared))
-                trace.add("grammar", clock() - compiled)
-            # 4. run it, and answer once or stream
-            response = await respond(request, self.run(prepared), prepared.stream, prepared.shape)
-        except BaseException:
-            if prepared.release is not None:
-                prepared.release()
-            raise
+        with StreamHead(request) as head:
+            # 2. convert: the prompt, the sampling params, the shape (a stream's head may go out meanwhile)
+            try:
+                prepared = await self.prepare(body, request)
+            except APIError as exc:
+                if not head.sent:
+                    raise
+                return head.failed(exc)
+            try:
+                # 3. the grammar, if the turn needs one
+                if prepared.turn.spec.forced_tools() is not None or prepared.json_format is not None:
+                    compiled = clock()
+                    await until_disconnected(request, self._constrain(prepared))
+                    trace.add("grammar", clock() - compiled)
+                # 4. run it, and answer once or stream
+                response = await respond(request, self.run(prepared), prepared.stream, prepared.shape, head)
+            except BaseException:
+                if prepared.release is not None:
+                    prepared.release()
+                raise
         if response.status_code == CLIENT_GONE and prepared.release is not None:
             prepared.release()
         return response
@@ -262,23 +271,57 @@ class Serving:
     # --- conversions every API shares ---------------------------------------------------------
 
     async def prompt_ids(self, messages: list[dict], tools: Sequence[Tool] = (), *, param: str = "messages",
-                         template_kwargs: dict | None = None) -> tuple[list[int], str]:  # fmt: skip
+                         template_kwargs: dict | None = None, opens: Sampling | None = None) -> tuple[list[int], str]:  # fmt: skip
         """The chat template over the messages (and tools), ending with the assistant's turn, as
-        token ids, and the prompt text; a message the template cannot take is a 400 naming `param`."""
+        token ids, and the prompt text; a message the template cannot take is a 400 naming `param`.
 
-        def render() -> tuple[list[int], str]:
+        opens: a stream's sampling, when nothing after its prompt can refuse it (no grammar to
+        compile; opening()): once the rendered prompt is sure to leave the answer its room, the
+        stream's head goes out, and the client reads it while the prompt is tokenized and the
+        engine takes the request."""
+
+        def render() -> str:
             try:
-                text = render_prompt(self.info, self.family, messages, list(tools), template_kwargs=template_kwargs)
+                return render_prompt(self.info, self.family, messages, list(tools), template_kwargs=template_kwargs)
             except TemplateError as exc:
                 raise invalid(str(exc), param=param) from None
+
+        def tokenize() -> tuple[list[int], str]:
+            text = render()
             return self.info.tokenizer.encode(text), text
 
         started = time.perf_counter()
         size = sum(len(m.get("content") or "") for m in messages)
-        result = render() if size < INLINE_PROMPT_CHARS else await asyncio.to_thread(render)
+        if size >= INLINE_PROMPT_CHARS:
+            result = await asyncio.to_thread(tokenize)
+        else:
+            text = render()
+            if opens is not None and self._leaves_room(text, opens) and (head := stream_head.get()) is not None:
+                opening = time.perf_counter()
+                await head.open()
+                started += time.perf_counter() - opening  # the trace counts the head's write as "send"
+            result = self.info.tokenizer.encode(text), text
         if (trace := metrics.trace.get()) is not None:
             trace.add("prompt", time.perf_counter() - started)
         return result
+
+    def opening(self, stream: bool | None, sampling: Sampling, tools: Sequence[Tool], choice,
+                json_format) -> Sampling | None:  # fmt: skip
+        """prompt_ids' `opens` for a request: its sampling if it streams and needs no grammar (a
+        grammar that does not compile is a 400), and if neither the engine nor the scheduler can
+        refuse it once its prompt fits (SGLang may; a full queue or a shutdown does)."""
+        if not stream or json_format is not None or not self.scheduler.engine.takes_checked_requests:
+            return None
+        if TurnSpec(self.family, tuple(tools), choice, True).forced_tools() is not None:
+            return None
+        return sampling if self.scheduler.refusal() is None else None
+
+    def _leaves_room(self, text: str, sampling: Sampling) -> bool:
+        """Whether the prompt `text` surely leaves the answer room in the context, before it is
+        tokenized: a token stands for at least one byte of the text, bar a few a tokenizer adds
+        (sampling_params then checks the exact count)."""
+        bound = len(text.encode()) + PROMPT_TOKENS_ADDED
+        return bound + (sampling.max_tokens or 1) <= self.info.context_length
 
     def sampling_params(self, fields: Sampling, prompt_tokens: int, what: str) -> tuple[SamplingParams, bool]:
         """The engine's sampling params, and whether to stop a looping answer.
@@ -407,9 +450,9 @@ class EventStream(StreamingResponse):
     media_type = "text/event-stream"
     HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-    def __init__(self, frames: AsyncIterator[str], opened: asyncio.Task | None = None):
+    def __init__(self, frames: AsyncIterator[str], head: StreamHead | None = None):
         super().__init__(frames, headers=self.HEADERS)
-        self.opened = opened  # StreamHead's task, which sent the head
+        self.head = head  # the stream's head, if it went out already (or is going: its task)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Every frame goes out from the handler's own task, guarded as the work before it was
@@ -417,10 +460,10 @@ class EventStream(StreamingResponse):
         # after the first frame, while the engine waits for the loop to take its next chunk.
         try:
             first = await anext(self.body_iterator, "")
-            if self.opened is None:
+            if self.head is not None and self.head.task is not None:
+                await self.head.task  # done long before: the engine has been computing since
+            elif self.head is None or not self.head.sent:
                 await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            else:
-                await self.opened  # done long before: the engine has been computing since
             if (trace := metrics.trace.get()) is not None:
                 trace.mark("until_first_events")  # the first token's frames, handed to the socket
             await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
@@ -444,31 +487,66 @@ class EventStream(StreamingResponse):
 _SSE_HEAD = EventStream(iter(())).raw_headers  # what every stream's head carries
 
 
+# The request's StreamHead while its prompt is built (Serving.prompt_ids opens it there)
+stream_head: ContextVar[StreamHead | None] = ContextVar("lingcode_stream_head", default=None)
+
+
 class StreamHead:
-    """While a stream's first events are awaited: once the engine has the request (its
-    handed_over()), send the head and the API's opening frames, so the client reads them while the
-    engine computes the first token. Before that point an error is still a proper HTTP error."""
+    """A stream's head (its status and headers), sent before its first events where it can be, so
+    that the client reads it while the daemon and the engine work. Before it goes out an error is a
+    proper HTTP error; after, an error frame in the stream.
 
-    __slots__ = ("request", "shape", "task", "_token")
+    1. open(): once nothing can refuse the request any more (Serving.prompt_ids, for a stream whose
+       prompt surely fits and that needs no grammar, where the engine and the scheduler refuse
+       nothing the daemon checked): the head alone, while the prompt is tokenized and the engine
+       takes the request. Before the engine's step, so the client's reading takes no core from it.
+    2. handed_over(), from an engine whose first step leaves cores free (head_early): the API's
+       opening frames, with the head if 1 did not send it, in a task that runs once the engine waits
+       for its first step.
+    3. Else the head goes with the first events (EventStream), in one write."""
 
-    def __init__(self, request: ServingRequest, shape: Shape):
-        self.request, self.shape = request, shape
-        self.task: asyncio.Task | None = None  # sending them, once the engine has the request
+    __slots__ = ("request", "shape", "task", "sent", "_tokens")
+
+    def __init__(self, request: ServingRequest):
+        self.request = request
+        self.shape: Shape | None = None  # set by respond() for a stream: its opening frames (2)
+        self.task: asyncio.Task | None = None  # 2, sending the opening
+        self.sent = False  # the head went out (1 or 2)
 
     def __enter__(self) -> "StreamHead":
-        self._token = on_handed_over.set(self._open)
+        self._tokens = (on_handed_over.set(self._hand_over), stream_head.set(self))
         return self
 
     def __exit__(self, *exc) -> None:
-        on_handed_over.reset(self._token)
+        on_handed_over.reset(self._tokens[0])
+        stream_head.reset(self._tokens[1])
 
-    def _open(self) -> None:
+    async def open(self) -> None:
+        await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        self.sent = True
+        if (trace := metrics.trace.get()) is not None:
+            trace.mark("until_head")
+        if (send_head := self.request.scope.get(SEND_HEAD)) is not None:
+            send_head()  # now, not held for the first body write (server/http11.py)
+
+    def failed(self, error: APIError) -> Response:
+        """The answer to a request that failed after open() and before its stream: one error frame,
+        in OpenAI's or Anthropic's shape by its path (no Shape was made)."""
+        path = self.request.scope["path"]
+        frame = (named_sse("error", error.anthropic_body()) if path.startswith(ANTHROPIC_PATH)
+                 else sse(error.body()) + DONE)  # fmt: skip
+        log.error("a stream failed after its head went out: %s", error.message)
+        return EventStream(iter((frame,)), self)
+
+    def _hand_over(self) -> None:
         # called inside the engine's generate(); the task runs once the engine waits for its first step
-        if self.task is None:
+        if self.shape is not None and self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._send())
 
     async def _send(self) -> None:
-        await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        if not self.sent:
+            await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+            self.sent = True
         # the opening's write (even an empty one) sends the head the protocol holds for it
         await self.request.send({"type": "http.response.body", "body": self.shape.opening().encode(), "more_body": True})
 
@@ -476,18 +554,19 @@ class StreamHead:
 # --- stream or collect ------------------------------------------------------------------------
 
 
-async def respond(request: ServingRequest, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape) -> Response:
+async def respond(request: ServingRequest, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape,
+                  head: StreamHead) -> Response:  # fmt: skip
     """One JSON response (shape.whole) or an SSE stream (shape.opening + shape.frames per list)."""
     try:
         if stream:
-            with StreamHead(request, shape) as head:
-                try:
-                    first: list[TurnEvent] | Exception = await until_disconnected(request, _first(events))
-                except Exception as exc:
-                    if head.task is None or isinstance(exc, ClientGone):
-                        raise
-                    first = exc  # the response has started: the error goes in the stream
-            return EventStream(_frames(first, events, shape, opened=head.task is not None), head.task)
+            head.shape = shape
+            try:
+                first: list[TurnEvent] | Exception = await until_disconnected(request, _first(events))
+            except Exception as exc:
+                if not (head.sent or head.task) or isinstance(exc, ClientGone):
+                    raise
+                first = exc  # the response has started: the error goes in the stream
+            return EventStream(_frames(first, events, shape, opened=head.task is not None), head)
         end = await until_disconnected(request, _collect(events))
         return JSONResponse(_shaped(shape.whole, end))
     except ClientGone:

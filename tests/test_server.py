@@ -224,24 +224,42 @@ def test_sse_framing_ends_with_done(http):
     assert set(timings) >= {"ttft_ms", "tpot_ms", "total_ms", "tokens_per_s", "prompt_tokens", "cached_tokens"}
 
 
-def test_a_streams_head_and_first_event_arrive_in_one_write(daemon):
-    """uvicorn wrote the head and the first frame apart: on loopback each write wakes the client,
-    so the first token waited for a second wake-up (issue 17). The head now goes out with the
-    opening (OpenAI's role chunk) once the engine has the request, or else with the first frame:
-    over a plain socket, the first read holds the head and an event."""
+def test_a_streams_head_goes_out_before_the_engine_has_the_request(daemon):
+    """Where nothing can refuse a stream once its prompt is rendered and surely fits (no grammar;
+    the local engine), its head goes out then, alone, and the client reads it while the prompt is
+    tokenized and the engine takes the request (issue 17): the daemon's trace marks the head before
+    the engine. A stream that needs a grammar (a bad schema is a 400) keeps its head until its first
+    events, and both go out in one write: over a plain socket, the first read holds the head and
+    an event (uvicorn wrote them apart, and on loopback each write wakes the client)."""
     import socket
 
-    body = json.dumps({"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY}).encode()
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
-               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (daemon.token.encode(), len(body), body))  # fmt: skip
-    host, port = daemon.url.removeprefix("http://").split(":")
-    for _ in range(3):
+    def first_read(extra: dict) -> bytes:
+        body = json.dumps({"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY, **extra}).encode()
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (daemon.token.encode(), len(body), body))  # fmt: skip
+        host, port = daemon.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=60) as conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.sendall(request)
-            first = conn.recv(65536)
+            return conn.recv(65536)
+
+    for _ in range(3):
+        first = first_read({"response_format": {"type": "json_object"}})
         assert first.startswith(b"HTTP/1.1 200"), first[:200]
         assert b"\r\n\r\n" in first and b"data: {" in first.partition(b"\r\n\r\n")[2], first
+        assert first_read({}).startswith(b"HTTP/1.1 200")
+
+    with httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}", "x-lingcode-trace": "1"},
+                      timeout=60) as http:  # fmt: skip
+        for extra, early in (({}, True), ({"response_format": {"type": "json_object"}}, False),
+                             ({"max_tokens": 8100, "stop": [" "]}, False)):  # not sure to leave that room untokenized
+            body = {"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY, **extra}
+            events = sse_events(http.post("/v1/chat/completions", json=body))
+            trace = next(json.loads(e)["timings"]["trace"] for e in events[:-1] if "timings" in json.loads(e))
+            if early:
+                assert trace["until_head"] < trace["until_engine"] < trace["until_first_events"], trace
+            else:
+                assert "until_head" not in trace, trace
 
 
 def test_max_tokens(client):

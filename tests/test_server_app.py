@@ -22,6 +22,8 @@ TOKEN = "test-token"
 class ScriptedEngine:
     """Plays `script` (token ids, or an exception to raise) for every request, then finishes on length."""
 
+    takes_checked_requests = False  # a stream's head waits for the engine (handed_over) or the first chunk
+
     def __init__(self, info, script):
         self.info = info
         self.script = script
@@ -148,15 +150,18 @@ class GatedEngine(ScriptedEngine):
         self.gate = asyncio.Event()
 
     async def generate(self, request_id, input_ids, params):
+        self.seen = [m["type"] for m in self.sent]  # what the daemon had sent when the engine got the request
         handed_over()
         await self.gate.wait()
         async for chunk in super().generate(request_id, input_ids, params):
             yield chunk
 
 
-async def _asgi_stream(engine, script, path: str, body: dict) -> tuple[list[dict], GatedEngine]:
-    """The ASGI messages of one streamed request; the engine's gate opens once the response has started."""
+async def _asgi_stream(engine, script, path: str, body: dict, checked: bool = False) -> tuple[list[dict], GatedEngine]:
+    """The ASGI messages of one streamed request; the engine's gate opens once the response has started.
+    checked: the engine refuses nothing the daemon checked (takes_checked_requests), as the local one."""
     gated = GatedEngine(engine.info, script)
+    gated.takes_checked_requests = checked
     app = create_app(Scheduler(gated), engine.info, TOKEN, model_id="scripted")
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
@@ -165,6 +170,7 @@ async def _asgi_stream(engine, script, path: str, body: dict) -> tuple[list[dict
                          (b"content-type", b"application/json")]}  # fmt: skip
     requests = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
     sent: list[dict] = []
+    gated.sent = sent
 
     async def receive():
         if requests:
@@ -194,6 +200,48 @@ async def test_a_streams_head_and_opening_go_out_once_the_engine_has_the_request
     deltas = [json.loads(b.removeprefix("data: ")) for b in text.split("\n\n") if b.startswith("data: {")]
     assert "".join(d["choices"][0]["delta"].get("content", "") for d in deltas) == "Hello world"
     assert text.endswith("data: [DONE]\n\n")
+
+
+async def test_a_stream_opens_before_the_engine_has_it_once_nothing_can_refuse_it(engine):
+    """With an engine that refuses nothing the daemon checked (the local one), a stream's head goes
+    out once its prompt is rendered and surely leaves the answer room: before the engine has the
+    request (issue 17). The opening still goes out at the hand-over, before the first token."""
+    tokens = engine.info.tokenizer.encode("Hello world")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+    sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions", body, checked=True)
+    assert gated.seen == ["http.response.start"]
+    start, opening, *bodies = sent
+    assert start["status"] == 200
+    assert json.loads(opening["body"].removeprefix(b"data: "))["choices"][0]["delta"] == {"role": "assistant",
+                                                                                          "content": ""}
+    deltas = [json.loads(b.removeprefix("data: ")) for b in b"".join(m["body"] for m in bodies).decode().split("\n\n")
+              if b.startswith("data: {")]  # fmt: skip
+    assert "".join(d["choices"][0]["delta"].get("content", "") for d in deltas) == "Hello world"
+    # A grammar that might not compile (a 400) keeps the head until the engine has the request.
+    sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions",
+                                     {**body, "response_format": {"type": "json_object"}}, checked=True)  # fmt: skip
+    assert gated.seen == [] and sent[0]["status"] == 200
+
+
+async def test_a_stream_that_fails_after_its_head_went_out_gets_an_error_frame(engine, monkeypatch):
+    """Should the exact count overrule the bound the head went out on, the context error goes in
+    the stream, in the API's shape, and the engine never sees the request."""
+    from lingcode.server import serving
+
+    monkeypatch.setattr(serving, "PROMPT_TOKENS_ADDED", -10**6)  # a bound that says any prompt fits
+    too_much = engine.info.context_length
+    for path, body, frame in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": too_much,
+                                  "stream": True}, "data: "),  # fmt: skip
+        ("/v1/messages", {"model": "m", "max_tokens": too_much, "stream": True,
+                          "messages": [{"role": "user", "content": "hi"}]}, "event: error\ndata: "),  # fmt: skip
+    ):
+        sent, gated = await _asgi_stream(engine, [], path, body, checked=True)
+        assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+        text = b"".join(m.get("body", b"") for m in sent[1:]).decode()
+        error = json.loads(text.split(frame)[1].split("\n\n")[0])
+        assert "context" in json.dumps(error), text
+        assert not gated.calls and not hasattr(gated, "seen")
 
 
 async def test_an_engine_error_after_it_took_the_request_is_an_error_event(engine):

@@ -238,9 +238,13 @@ class Engine(Protocol):
     """One model, batch 1. generate() streams chunks; abort() ends a running request within a step.
     generate() calls handed_over() once the engine has the request, before it waits for the first
     chunk (an error before that point means the engine never ran it); an engine whose first step
-    needs every core of the host leaves it out, and a stream's head waits for the first chunk."""
+    needs every core of the host leaves it out, and a stream's head waits for the first chunk.
+    An engine that refuses no request the daemon has checked (its context, a prompt not empty)
+    sets takes_checked_requests: a stream's head may then go out before the engine has the
+    request (server/serving.py's StreamHead)."""
 
     info: ModelInfo
+    takes_checked_requests: bool
 
     def generate(
         self, request_id: str, input_ids: list[int], params: SamplingParams

@@ -65,6 +65,14 @@ class Scheduler:
         )  # fmt: skip
         self._closing: str | None = None  # set by shut_down(): why requests are refused
 
+    def refusal(self) -> Exception | None:
+        """What generate() would refuse a request with now (shutting down, a full queue), or None."""
+        if self._closing is not None:
+            return EngineUnavailable(self._closing)
+        if self._queued() >= self.max_queue:
+            return QueueFull(self._queued())
+        return None
+
     async def generate(
         self,
         request_id: str,
@@ -75,11 +83,10 @@ class Scheduler:
         latest_wins: str | None = None,
     ) -> AsyncIterator[TokenChunk]:
         """Wait for the slot, then stream the engine's chunks. Closing this iterator cancels."""
-        if self._closing is not None:
-            raise EngineUnavailable(self._closing)
-        if self._queued() >= self.max_queue:
-            self._counters["rejected"] += 1
-            raise QueueFull(self._queued())
+        if (refused := self.refusal()) is not None:
+            if isinstance(refused, QueueFull):
+                self._counters["rejected"] += 1
+            raise refused
         self._counters["submitted"] += 1
         if latest_wins is not None:
             await self._supersede(latest_wins, request_id)

@@ -43,12 +43,12 @@ class MessagesServing(Serving):
         app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"],
                           openapi_extra=request_body(CountTokensRequest))  # fmt: skip
 
-    async def _prompt(self, body: CountTokensRequest) -> tuple[list[int], str]:
+    async def _prompt(self, body: CountTokensRequest, opens: Sampling | None = None) -> tuple[list[int], str]:
         try:
             messages = body.chat_messages()
         except ValueError as exc:
             raise invalid(f"messages: {exc}", param="messages") from None
-        return await self.prompt_ids(messages, body.tool_list(), template_kwargs=body.template_variables())
+        return await self.prompt_ids(messages, body.tool_list(), template_kwargs=body.template_variables(), opens=opens)
 
     async def count_tokens(self, request: Request) -> dict:
         body = parse(CountTokensRequest, await read_json(request, self.max_body_bytes))
@@ -56,13 +56,14 @@ class MessagesServing(Serving):
         return {"input_tokens": len(input_ids)}
 
     async def prepare(self, body: MessagesRequest, request: Request) -> Prepared:
-        input_ids, prompt = await self._prompt(body)
-        sampling = Sampling(body.max_tokens, body.temperature, body.top_p, body.top_k)
+        sampling, grammar = Sampling(body.max_tokens, body.temperature, body.top_p, body.top_k), body.json_format()
+        input_ids, prompt = await self._prompt(body, self.opening(body.stream, sampling, body.tool_list(), body.choice(),
+                                                                  grammar))  # fmt: skip
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "messages")
         spec = self.turn_spec(body.tool_list(), body.choice(), body.parallel(), prompt)
         shape = MessageShape(f"msg_{uuid.uuid4().hex[:24]}", body.model)
         turn = Turn(shape.id, input_ids, params, spec, body.stop_sequences or (), stop_loops=stop_loops)
-        return Prepared(turn, shape, body.stream, body.json_format(), grammar_param="output_config.format")
+        return Prepared(turn, shape, body.stream, grammar, grammar_param="output_config.format")
 
 
 def _usage(usage: Usage) -> dict:

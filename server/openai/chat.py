@@ -25,14 +25,15 @@ class ChatServing(Serving):
     request_model = ChatCompletionRequest
 
     async def prepare(self, body: ChatCompletionRequest, request: Request) -> Prepared:
-        tools = body.tool_list()
+        tools, choice, sampling, grammar = body.tool_list(), body.choice(), body.sampling(), json_format(body.response_format)
         input_ids, prompt = await self.prompt_ids([m.for_template() for m in body.messages], tools,
-                                                   template_kwargs=body.template_variables())  # fmt: skip
-        params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "messages")
-        spec = self.turn_spec(tools, body.choice(), body.parallel_tool_calls is not False, prompt)
+                                                   template_kwargs=body.template_variables(),
+                                                   opens=self.opening(body.stream, sampling, tools, choice, grammar))  # fmt: skip
+        params, stop_loops = self.sampling_params(sampling, len(input_ids), "messages")
+        spec = self.turn_spec(tools, choice, body.parallel_tool_calls is not False, prompt)
         shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
         turn = Turn(shape.request_id, input_ids, params, spec, body.stop_strings(), stop_loops=stop_loops)
-        return Prepared(turn, shape, bool(body.stream), json_format(body.response_format))
+        return Prepared(turn, shape, bool(body.stream), grammar)
 
 
 class ChatShape(Shape):

@@ -37,11 +37,11 @@ class ResponsesServing(Serving):
             messages, json_format = body.chat_messages(), body.json_format()
         except ValueError as exc:
             raise invalid(str(exc), param="input") from None
-        tools = body.tool_list()
-        input_ids, prompt = await self.prompt_ids(messages, tools, param="input",
-                                                   template_kwargs=body.template_variables())  # fmt: skip
-        params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "input")
-        spec = self.turn_spec(tools, body.choice(), body.parallel_tool_calls is not False, prompt)
+        tools, choice, sampling = body.tool_list(), body.choice(), body.sampling()
+        input_ids, prompt = await self.prompt_ids(messages, tools, param="input", template_kwargs=body.template_variables(),
+                                                   opens=self.opening(body.stream, sampling, tools, choice, json_format))  # fmt: skip
+        params, stop_loops = self.sampling_params(sampling, len(input_ids), "input")
+        spec = self.turn_spec(tools, choice, body.parallel_tool_calls is not False, prompt)
         shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
         turn = Turn(shape.id, input_ids, params, spec, body.stop_strings(), stop_loops=stop_loops)
         return Prepared(turn, shape, bool(body.stream), json_format, grammar_param="text.format")
