@@ -308,9 +308,10 @@ class Serving:
     def opening(self, stream: bool | None, sampling: Sampling, tools: Sequence[Tool], choice,
                 json_format) -> Sampling | None:  # fmt: skip
         """prompt_ids' `opens` for a request: its sampling if it streams and needs no grammar (a
-        grammar that does not compile is a 400), and if neither the engine nor the scheduler can
-        refuse it once its prompt fits (SGLang may; a full queue or a shutdown does)."""
-        if not stream or json_format is not None or not self.scheduler.engine.takes_checked_requests:
+        grammar that does not compile is a 400), to an engine whose stream's head goes before it
+        (head_before_submit: the CPU's), and if the scheduler would take it now (not full, not
+        shutting down)."""
+        if not stream or json_format is not None or not self.scheduler.engine.head_before_submit:
             return None
         if TurnSpec(self.family, tuple(tools), choice, True).forced_tools() is not None:
             return None
@@ -497,9 +498,10 @@ class StreamHead:
     proper HTTP error; after, an error frame in the stream.
 
     1. open(): once nothing can refuse the request any more (Serving.prompt_ids, for a stream whose
-       prompt surely fits and that needs no grammar, where the engine and the scheduler refuse
-       nothing the daemon checked): the head alone, while the prompt is tokenized and the engine
-       takes the request. Before the engine's step, so the client's reading takes no core from it.
+       prompt surely fits and that needs no grammar, to an engine that refuses nothing the daemon
+       checked and whose first step takes every core: head_before_submit), the head alone, while
+       the prompt is tokenized and the engine takes the request: the client reads it before that
+       step, not during it.
     2. handed_over(), from an engine whose first step leaves cores free (head_early): the API's
        opening frames, with the head if 1 did not send it, in a task that runs once the engine waits
        for its first step.

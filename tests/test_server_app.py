@@ -22,7 +22,7 @@ TOKEN = "test-token"
 class ScriptedEngine:
     """Plays `script` (token ids, or an exception to raise) for every request, then finishes on length."""
 
-    takes_checked_requests = False  # a stream's head waits for the engine (handed_over) or the first chunk
+    head_before_submit = False  # a stream's head waits for the engine (handed_over) or the first chunk
 
     def __init__(self, info, script):
         self.info = info
@@ -157,11 +157,11 @@ class GatedEngine(ScriptedEngine):
             yield chunk
 
 
-async def _asgi_stream(engine, script, path: str, body: dict, checked: bool = False) -> tuple[list[dict], GatedEngine]:
+async def _asgi_stream(engine, script, path: str, body: dict, before: bool = False) -> tuple[list[dict], GatedEngine]:
     """The ASGI messages of one streamed request; the engine's gate opens once the response has started.
-    checked: the engine refuses nothing the daemon checked (takes_checked_requests), as the local one."""
+    before: the engine's head_before_submit (the CPU engine's)."""
     gated = GatedEngine(engine.info, script)
-    gated.takes_checked_requests = checked
+    gated.head_before_submit = before
     app = create_app(Scheduler(gated), engine.info, TOKEN, model_id="scripted")
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
@@ -203,12 +203,12 @@ async def test_a_streams_head_and_opening_go_out_once_the_engine_has_the_request
 
 
 async def test_a_stream_opens_before_the_engine_has_it_once_nothing_can_refuse_it(engine):
-    """With an engine that refuses nothing the daemon checked (the local one), a stream's head goes
+    """With an engine that asks for it (head_before_submit: the CPU engine), a stream's head goes
     out once its prompt is rendered and surely leaves the answer room: before the engine has the
     request (issue 17). The opening still goes out at the hand-over, before the first token."""
     tokens = engine.info.tokenizer.encode("Hello world")
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
-    sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions", body, checked=True)
+    sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions", body, before=True)
     assert gated.seen == ["http.response.start"]
     start, opening, *bodies = sent
     assert start["status"] == 200
@@ -219,7 +219,7 @@ async def test_a_stream_opens_before_the_engine_has_it_once_nothing_can_refuse_i
     assert "".join(d["choices"][0]["delta"].get("content", "") for d in deltas) == "Hello world"
     # A grammar that might not compile (a 400) keeps the head until the engine has the request.
     sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions",
-                                     {**body, "response_format": {"type": "json_object"}}, checked=True)  # fmt: skip
+                                     {**body, "response_format": {"type": "json_object"}}, before=True)  # fmt: skip
     assert gated.seen == [] and sent[0]["status"] == 200
 
 
@@ -236,7 +236,7 @@ async def test_a_stream_that_fails_after_its_head_went_out_gets_an_error_frame(e
         ("/v1/messages", {"model": "m", "max_tokens": too_much, "stream": True,
                           "messages": [{"role": "user", "content": "hi"}]}, "event: error\ndata: "),  # fmt: skip
     ):
-        sent, gated = await _asgi_stream(engine, [], path, body, checked=True)
+        sent, gated = await _asgi_stream(engine, [], path, body, before=True)
         assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
         text = b"".join(m.get("body", b"") for m in sent[1:]).decode()
         error = json.loads(text.split(frame)[1].split("\n\n")[0])

@@ -239,12 +239,13 @@ class Engine(Protocol):
     generate() calls handed_over() once the engine has the request, before it waits for the first
     chunk (an error before that point means the engine never ran it); an engine whose first step
     needs every core of the host leaves it out, and a stream's head waits for the first chunk.
-    An engine that refuses no request the daemon has checked (its context, a prompt not empty)
-    sets takes_checked_requests: a stream's head may then go out before the engine has the
-    request (server/serving.py's StreamHead)."""
+    head_before_submit: a stream's head goes out before the engine has the request, once the
+    daemon has checked it (server/serving.py's StreamHead): for an engine that refuses nothing
+    the daemon checked (its context, a prompt not empty) and whose first step needs every core,
+    so that the client reads the head before that step rather than during it."""
 
     info: ModelInfo
-    takes_checked_requests: bool
+    head_before_submit: bool
 
     def generate(
         self, request_id: str, input_ids: list[int], params: SamplingParams

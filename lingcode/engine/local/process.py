@@ -88,7 +88,7 @@ class EngineProcess:
         self._sent: list[int] = []  # the last request's ids, as the child holds them too
         self._ids_sent = 0  # ids that went to the child, over all requests
         self.head_early = head_early  # as the engine in the child says (LocalEngine.head_early)
-        self.takes_checked_requests = True  # as LocalEngine: the child refuses only what the daemon checks
+        self.head_before_submit = not head_early  # as LocalEngine's
 
     @classmethod
     def start(cls, model_path, **load_args) -> "EngineProcess":

@@ -184,7 +184,7 @@ class SGLangEngine:
                  status: Callable[[], dict] = dict, on_close: Callable[[], None] | None = None):  # fmt: skip
         self.url = url.rstrip("/")
         self.info = info
-        self.takes_checked_requests = False  # SGLang may refuse it (starting, overloaded): the head waits for its 200
+        self.head_before_submit = False  # SGLang may refuse a request (starting, overloaded): the head waits for its 200
         self.incremental = incremental
         self._availability = availability
         self._status = status
