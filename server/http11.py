@@ -75,10 +75,10 @@ class HeadWithBody:
 
 class DaemonCycles:
     """Both protocols' part: each new request's cycle writes through a HeadWithBody, whose held
-    head goes out when the response completes (or when SEND_HEAD is called), and its scope gets the
-    request's arrival and its connection's loss. Each protocol sets `arrived_at` when a request's first bytes come, calls
-    hold_heads() where its parser starts a cycle (h11: handle_events; httptools:
-    on_headers_complete), and read_on() where a request's body is all in."""
+    head goes out when the response completes (or when SEND_HEAD is called), and its scope gets
+    the request's arrival and its connection's loss. Each protocol sets `arrived_at` when a
+    request's first bytes come, calls hold_heads() where its parser starts a cycle (h11:
+    handle_events; httptools: on_headers_complete), and read_on() where a request's body is all in."""
 
     arrived_at: float | None = None
     lost: asyncio.Future  # done once the connection is lost

@@ -153,7 +153,7 @@ class LocalEngine:
         # A stream's head goes out once the engine has the request, and the client reads it while the
         # first step runs; where the step uses every core that reading slows the step as much.
         self.head_early = not all_cores
-        # There it goes out before: _admit refuses only what the daemon checks first.
+        # There it goes out before the engine has the request (_admit refuses only what the daemon checked).
         self.head_before_submit = all_cores
         self.info = ModelInfo(
             name=checkpoint.name,
