@@ -248,10 +248,10 @@ class Serving:
             # 2. convert: the prompt, the sampling params, the shape (a stream's head may go out meanwhile)
             try:
                 prepared = await self.prepare(body, request)
-            except APIError as exc:
+            except Exception as exc:
                 if not head.sent:
                     raise
-                return head.failed(exc)
+                return head.failed(error_after_start(exc))
             try:
                 # 3. the grammar, if the turn needs one
                 if prepared.turn.spec.forced_tools() is not None or prepared.json_format is not None:
@@ -535,8 +535,8 @@ class StreamHead:
         """The answer to a request that failed after open() and before its stream: one error frame,
         in OpenAI's or Anthropic's shape by its path (no Shape was made)."""
         path = self.request.scope["path"]
-        frame = (named_sse("error", error.anthropic_body()) if path.startswith(ANTHROPIC_PATH)
-                 else sse(error.body()) + DONE)  # fmt: skip
+        body = error.body_for(path)
+        frame = named_sse("error", body) if path.startswith(ANTHROPIC_PATH) else sse(body) + DONE
         log.error("a stream failed after its head went out: %s", error.message)
         return EventStream(iter((frame,)), self)
 
@@ -554,6 +554,16 @@ class StreamHead:
 
 
 # --- stream or collect ------------------------------------------------------------------------
+
+
+def error_after_start(exc: Exception) -> APIError:
+    """What a client is told of `exc` once its stream has started: as_api_error's, or for a bug a
+    plain 500 (the traceback goes to the daemon's log)."""
+    error = as_api_error(exc)
+    if error is None:
+        log.exception("stream failed")
+        error = APIError(500, "internal server error; the daemon's log has the details")
+    return error
 
 
 async def respond(request: ServingRequest, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape,
@@ -633,11 +643,7 @@ async def _frames(first: list[TurnEvent] | Exception, events: AsyncIterator[list
             if out:
                 yield out
     except Exception as exc:  # the response has started: report in the stream, in the API's shape
-        error = as_api_error(exc)
-        if error is None:
-            log.exception("stream failed")
-            error = APIError(500, "internal server error; the daemon's log has the details")
-        yield shape.error_frame(error)
+        yield shape.error_frame(error_after_start(exc))
     finally:
         close_soon(events)
     if shape.end_of_stream:
