@@ -78,7 +78,9 @@ def test_streamed_tool_call_fragments(client):
     first, rest = fragments[0], fragments[1:]
     assert first.index == 0 and first.id.startswith("call_") and first.function.name == "get_weather"
     assert first.function.arguments == ""
-    assert len(rest) > 1, "arguments stream in several fragments"
+    # How many fragments the arguments take depends on how many engine steps the daemon merged while
+    # the client read (merge_chunks); that they stream before the call closes is test_tool_parsers'.
+    assert rest, "the arguments follow the name"
     assert all(f.index == 0 and f.id is None and f.function.name is None for f in rest)
     valid_weather_args("".join(f.function.arguments for f in rest))
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
