@@ -81,13 +81,10 @@ class APIError(Exception):
     def anthropic_body(self) -> dict:
         return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}}
 
-    def body_for(self, path: str) -> dict:
-        """The error body in the shape of the API at `path`: Anthropic's on Anthropic's routes."""
-        return self.anthropic_body() if path.startswith(ANTHROPIC_PATH) else self.body()
-
     def response(self, path: str = "") -> JSONResponse:
         """The error response; in Anthropic's shape on Anthropic's routes."""
-        return JSONResponse(self.body_for(path), status_code=self.status, headers=self.headers)
+        body = self.anthropic_body() if path.startswith(ANTHROPIC_PATH) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def invalid(message: str, *, param: str | None = None, code: str | None = None) -> APIError:

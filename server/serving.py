@@ -55,7 +55,7 @@ from lingcode.pipeline import metrics
 from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_constraint, run_turn
-from lingcode.server.errors import ANTHROPIC_PATH, CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
+from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
 from lingcode.server.http11 import DISCONNECTED, SEND_HEAD
 from lingcode.server.openapi import request_body
 from lingcode.server.validation import StrictModel, parse, read_json
@@ -148,6 +148,15 @@ class Sampling:
     top_k: int | None = None
     seed: int | None = None
     ignore_eos: bool = False
+
+
+@dataclass
+class Opening:
+    """A stream that may open before its prompt is tokenized (Serving.opening): its sampling bounds
+    the answer's room, its shape frames an error that comes after the head went out."""
+
+    sampling: Sampling
+    shape: Shape
 
 
 # --- the pipeline -----------------------------------------------------------------------------
@@ -271,12 +280,12 @@ class Serving:
     # --- conversions every API shares ---------------------------------------------------------
 
     async def prompt_ids(self, messages: list[dict], tools: Sequence[Tool] = (), *, param: str = "messages",
-                         template_kwargs: dict | None = None, opens: Sampling | None = None) -> tuple[list[int], str]:  # fmt: skip
+                         template_kwargs: dict | None = None, opens: Opening | None = None) -> tuple[list[int], str]:  # fmt: skip
         """The chat template over the messages (and tools), ending with the assistant's turn, as
         token ids, and the prompt text; a message the template cannot take is a 400 naming `param`.
 
-        opens: a stream's sampling, when nothing after its prompt can refuse it (no grammar to
-        compile; opening()): once the rendered prompt is sure to leave the answer its room, the
+        opens: a stream that nothing after its prompt can refuse (no grammar to compile;
+        opening()): once the rendered prompt is sure to leave the answer its room, the
         stream's head goes out, and the client reads it while the prompt is tokenized and the
         engine takes the request."""
 
@@ -296,26 +305,26 @@ class Serving:
             result = await asyncio.to_thread(tokenize)
         else:
             text = render()
-            if opens is not None and self._leaves_room(text, opens) and (head := stream_head.get()) is not None:
+            if opens is not None and self._leaves_room(text, opens.sampling) and (head := stream_head.get()) is not None:
                 opening = time.perf_counter()
-                await head.open()
+                await head.open(opens.shape)
                 started += time.perf_counter() - opening  # the trace counts the head's write as "send"
             result = self.info.tokenizer.encode(text), text
         if (trace := metrics.trace.get()) is not None:
             trace.add("prompt", time.perf_counter() - started)
         return result
 
-    def opening(self, stream: bool | None, sampling: Sampling, tools: Sequence[Tool], choice,
-                json_format) -> Sampling | None:  # fmt: skip
-        """prompt_ids' `opens` for a request: its sampling if it streams and needs no grammar (a
-        grammar that does not compile is a 400), to an engine whose stream's head goes before it
+    def opening(self, stream: bool | None, shape: Shape, sampling: Sampling, tools: Sequence[Tool], choice,
+                json_format) -> Opening | None:  # fmt: skip
+        """prompt_ids' `opens` for a request: if it streams and needs no grammar (a grammar that
+        does not compile is a 400), to an engine whose stream's head goes before it
         (head_before_submit: the CPU's), and if the scheduler would take it now (not full, not
         shutting down)."""
         if not stream or json_format is not None or not self.scheduler.engine.head_before_submit:
             return None
         if TurnSpec(self.family, tuple(tools), choice, True).forced_tools() is not None:
             return None
-        return sampling if self.scheduler.refusal() is None else None
+        return Opening(sampling, shape) if self.scheduler.refusal() is None else None
 
     def _leaves_room(self, text: str, sampling: Sampling) -> bool:
         """Whether the prompt `text` surely leaves the answer room in the context, before it is
@@ -511,7 +520,7 @@ class StreamHead:
 
     def __init__(self, request: ServingRequest):
         self.request = request
-        self.shape: Shape | None = None  # set by respond() for a stream: its opening frames (2)
+        self.shape: Shape | None = None  # its frames: set by open() (1) or respond()
         self.task: asyncio.Task | None = None  # 2, sending the opening
         self.sent = False  # the head went out (1 or 2)
 
@@ -523,22 +532,19 @@ class StreamHead:
         on_handed_over.reset(self._tokens[0])
         stream_head.reset(self._tokens[1])
 
-    async def open(self) -> None:
-        await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
-        self.sent = True
+    async def open(self, shape: Shape) -> None:
+        self.shape = shape
+        await self._start()
         if (trace := metrics.trace.get()) is not None:
             trace.mark("until_head")
         if (send_head := self.request.scope.get(SEND_HEAD)) is not None:
             send_head()  # now, not held for the first body write (server/http11.py)
 
     def failed(self, error: APIError) -> Response:
-        """The answer to a request that failed after open() and before its stream: one error frame,
-        in OpenAI's or Anthropic's shape by its path (no Shape was made)."""
-        path = self.request.scope["path"]
-        body = error.body_for(path)
-        frame = named_sse("error", body) if path.startswith(ANTHROPIC_PATH) else sse(body) + DONE
+        """The answer to a request that failed after open() and before its stream: the API's error
+        frame, as its stream would have sent it."""
         log.error("a stream failed after its head went out: %s", error.message)
-        return EventStream(iter((frame,)), self)
+        return EventStream(iter((self.shape.error_frame(error) + self.shape.end_of_stream,)), self)
 
     def _hand_over(self) -> None:
         # called inside the engine's generate(); the task runs once the engine waits for its first step
@@ -547,10 +553,13 @@ class StreamHead:
 
     async def _send(self) -> None:
         if not self.sent:
-            await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
-            self.sent = True
+            await self._start()
         # the opening's write (even an empty one) sends the head the protocol holds for it
         await self.request.send({"type": "http.response.body", "body": self.shape.opening().encode(), "more_body": True})
+
+    async def _start(self) -> None:
+        await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        self.sent = True
 
 
 # --- stream or collect ------------------------------------------------------------------------

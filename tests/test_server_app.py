@@ -225,7 +225,7 @@ async def test_a_stream_opens_before_the_engine_has_it_once_nothing_can_refuse_i
 
 async def test_a_stream_that_fails_after_its_head_went_out_gets_an_error_frame(engine, monkeypatch):
     """Should the exact count overrule the bound the head went out on, the context error goes in
-    the stream, in the API's shape, and the engine never sees the request."""
+    the stream, as the API's own error frame, and the engine never sees the request."""
     from lingcode.server import serving
 
     monkeypatch.setattr(serving, "PROMPT_TOKENS_ADDED", -10**6)  # a bound that says any prompt fits
@@ -235,6 +235,7 @@ async def test_a_stream_that_fails_after_its_head_went_out_gets_an_error_frame(e
                                   "stream": True}, "data: "),  # fmt: skip
         ("/v1/messages", {"model": "m", "max_tokens": too_much, "stream": True,
                           "messages": [{"role": "user", "content": "hi"}]}, "event: error\ndata: "),  # fmt: skip
+        ("/v1/responses", {"input": "hi", "max_output_tokens": too_much, "stream": True}, "event: error\ndata: "),
     ):
         sent, gated = await _asgi_stream(engine, [], path, body, before=True)
         assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200

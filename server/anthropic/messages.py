@@ -28,7 +28,7 @@ from lingcode.server.anthropic.protocol import CountTokensRequest, MessagesReque
 from lingcode.server.validation import read_json
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openapi import request_body
-from lingcode.server.serving import Prepared, Sampling, Serving, Shape, named_sse
+from lingcode.server.serving import Opening, Prepared, Sampling, Serving, Shape, named_sse
 from lingcode.server.validation import parse
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
@@ -43,7 +43,7 @@ class MessagesServing(Serving):
         app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"],
                           openapi_extra=request_body(CountTokensRequest))  # fmt: skip
 
-    async def _prompt(self, body: CountTokensRequest, opens: Sampling | None = None) -> tuple[list[int], str]:
+    async def _prompt(self, body: CountTokensRequest, opens: Opening | None = None) -> tuple[list[int], str]:
         try:
             messages = body.chat_messages()
         except ValueError as exc:
@@ -57,11 +57,11 @@ class MessagesServing(Serving):
 
     async def prepare(self, body: MessagesRequest, request: Request) -> Prepared:
         sampling, grammar = Sampling(body.max_tokens, body.temperature, body.top_p, body.top_k), body.json_format()
-        input_ids, prompt = await self._prompt(body, self.opening(body.stream, sampling, body.tool_list(), body.choice(),
-                                                                  grammar))  # fmt: skip
+        shape = MessageShape(f"msg_{uuid.uuid4().hex[:24]}", body.model)
+        input_ids, prompt = await self._prompt(body, self.opening(body.stream, shape, sampling, body.tool_list(),
+                                                                  body.choice(), grammar))  # fmt: skip
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "messages")
         spec = self.turn_spec(body.tool_list(), body.choice(), body.parallel(), prompt)
-        shape = MessageShape(f"msg_{uuid.uuid4().hex[:24]}", body.model)
         turn = Turn(shape.id, input_ids, params, spec, body.stop_sequences or (), stop_loops=stop_loops)
         return Prepared(turn, shape, body.stream, grammar, grammar_param="output_config.format")
 

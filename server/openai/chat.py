@@ -26,12 +26,12 @@ class ChatServing(Serving):
 
     async def prepare(self, body: ChatCompletionRequest, request: Request) -> Prepared:
         tools, choice, sampling, grammar = body.tool_list(), body.choice(), body.sampling(), json_format(body.response_format)
+        shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
         input_ids, prompt = await self.prompt_ids([m.for_template() for m in body.messages], tools,
                                                    template_kwargs=body.template_variables(),
-                                                   opens=self.opening(body.stream, sampling, tools, choice, grammar))  # fmt: skip
+                                                   opens=self.opening(body.stream, shape, sampling, tools, choice, grammar))  # fmt: skip
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "messages")
         spec = self.turn_spec(tools, choice, body.parallel_tool_calls is not False, prompt)
-        shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
         turn = Turn(shape.request_id, input_ids, params, spec, body.stop_strings(), stop_loops=stop_loops)
         return Prepared(turn, shape, bool(body.stream), grammar)
 

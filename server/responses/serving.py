@@ -38,11 +38,11 @@ class ResponsesServing(Serving):
         except ValueError as exc:
             raise invalid(str(exc), param="input") from None
         tools, choice, sampling = body.tool_list(), body.choice(), body.sampling()
+        shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
         input_ids, prompt = await self.prompt_ids(messages, tools, param="input", template_kwargs=body.template_variables(),
-                                                   opens=self.opening(body.stream, sampling, tools, choice, json_format))  # fmt: skip
+                                                   opens=self.opening(body.stream, shape, sampling, tools, choice, json_format))  # fmt: skip
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "input")
         spec = self.turn_spec(tools, choice, body.parallel_tool_calls is not False, prompt)
-        shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
         turn = Turn(shape.id, input_ids, params, spec, body.stop_strings(), stop_loops=stop_loops)
         return Prepared(turn, shape, bool(body.stream), json_format, grammar_param="text.format")
 
