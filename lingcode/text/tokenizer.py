@@ -24,6 +24,42 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# llama.cpp's for "qwen2" (src/llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_QWEN2; run by its hand-written
+# unicode_regex_split_custom_qwen2): Qwen2's own, digits one by one, with the (?i:...) contractions
+# spelled out ASCII-only, as llama.cpp matches them (onig's case folding would also take 'ſ' for 's').
+_QWEN2_SPLIT = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# llama.cpp tells letters and digits by its own tables (src/unicode-data.cpp), made before Unicode
+# 16.0; onig (tokenizers' regexes) knows 16.0, whose new letters and digits (Garay, Kirat Rai,
+# Egyptian Hieroglyphs Extended-A, ...) are neither to llama.cpp. Taken out of \p{L} and \p{N}, so
+# that text holding them splits, and so encodes, as llama.cpp does.
+_UNICODE16_LETTERS = (
+    (0x1C89, 0x1C8A), (0xA7CB, 0xA7CD), (0xA7DA, 0xA7DC), (0x105C0, 0x105F3), (0x10D4A, 0x10D65),
+    (0x10D6F, 0x10D85), (0x10EC2, 0x10EC4), (0x11380, 0x11389), (0x1138B, 0x1138B), (0x1138E, 0x1138E),
+    (0x11390, 0x113B5), (0x113B7, 0x113B7), (0x113D1, 0x113D1), (0x113D3, 0x113D3), (0x11BC0, 0x11BE0),
+    (0x13460, 0x143FA), (0x16100, 0x1611D), (0x16D40, 0x16D6C), (0x18CFF, 0x18CFF), (0x1E5D0, 0x1E5ED),
+    (0x1E5F0, 0x1E5F0),
+)  # fmt: skip
+_UNICODE16_DIGITS = (
+    (0x10D40, 0x10D49), (0x116D0, 0x116E3), (0x11BF0, 0x11BF9), (0x16130, 0x16139), (0x16D70, 0x16D79),
+    (0x1CCF0, 0x1CCF9), (0x1E5F1, 0x1E5FA),
+)  # fmt: skip
+
+
+def _without(category: str, ranges) -> str:
+    """An onig class: the Unicode category less the ranges (it nests inside another class too)."""
+    return rf"[\p{{{category}}}&&[^" + "".join(rf"\x{{{a:X}}}-\x{{{b:X}}}" for a, b in ranges) + "]]"
+
+
+_LETTER, _NUMBER = _without("L", _UNICODE16_LETTERS), _without("N", _UNICODE16_DIGITS)
+
+
+def _as_llama_cpp(regex: str) -> str:
+    r"""regex with llama.cpp's letters and digits for \p{L} and \p{N}."""
+    return regex.replace(r"\p{L}", _LETTER).replace(r"\p{N}", _NUMBER)
 
 
 def _byte_level_chars() -> dict[int, str]:
@@ -42,10 +78,14 @@ def _pre_tokenizer(pre: str):
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if pre in ("smollm", "starcoder", "refact", "codeshell"):
         # Digits split one by one, then GPT-2's split (StarCoder-style tokenizers).
-        split = pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated")
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), split, byte_level])
+        digits = pre_tokenizers.Split(Regex(_NUMBER), behavior="isolated")
+        split = pre_tokenizers.Split(Regex(_as_llama_cpp(_GPT2_SPLIT)), behavior="isolated")
+        return pre_tokenizers.Sequence([digits, split, byte_level])
     if pre in ("llama3", "llama-bpe", "smaug-bpe"):
         split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+        return pre_tokenizers.Sequence([split, byte_level])
+    if pre in ("qwen2", "stablelm2", "deepseek-r1-qwen", "megrez"):  # those llama.cpp maps to QWEN2's regex
+        split = pre_tokenizers.Split(Regex(_as_llama_cpp(_QWEN2_SPLIT)), behavior="isolated")
         return pre_tokenizers.Sequence([split, byte_level])
     if pre in ("default", "gpt2", "gpt-2"):
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -102,6 +142,14 @@ class Tokenizer:
         vocab = {tok: i for i, tok in enumerate(tokens)}
         hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
         hf.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+        # A byte the vocabulary lacks (SmolLM2's has no 0x04, no 0xF1, ...): llama.cpp's BPE keeps it in
+        # the word as a symbol nothing merges with, then drops it; tokenizers' drops it first, and would
+        # merge the bytes either side. Cutting the word there, the byte dropped, gives llama.cpp's ids.
+        alphabet = (chr(c) for c, byte in _byte_level_chars().items() if byte != "\U0010ffff")
+        missing = "".join(sorted(c for c in alphabet if c not in vocab))
+        if missing:
+            cut = pre_tokenizers.Split(Regex(f"[{re.escape(missing)}]"), behavior="removed")
+            hf.pre_tokenizer = pre_tokenizers.Sequence([hf.pre_tokenizer, cut])
         hf.decoder = decoders.ByteLevel()
         added = [
             AddedToken(tok, special=(t == _CONTROL), normalized=False)
