@@ -34,6 +34,7 @@ run: $(VENV)/.installed-run
 
 test: $(VENV)/.installed-test $(VENV)/.sglang-parser tmux-if-missing
 	$(BIN)/lingcode pull
+	$(BIN)/lingcode pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/python -c 'from lingcode.engine.local import cpu_native; cpu_native.main()'
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -127,13 +127,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("name", "pulled", "size", "path", "description", box=None)
-    for column in table.columns[:4]:
-        column.no_wrap = True
+    table = Table("name", "default", "pulled", "size", "context", "use", "path", box=None)
+    for column in table.columns:
+        column.no_wrap = column.header != "use"
     for row in rows:
         table.add_row(
-            row["name"], "yes" if row["pulled"] else "no", models.human_size(row["size"]),
-            row["path"], row["description"],
+            row["name"], "yes" if row["default"] else "", "yes" if row["pulled"] else "no",
+            models.human_size(row["size"]), str(row["context_length"] or "?"), row["use"] or row["description"],
+            row["path"],
         )
     # Piped output is not cut to 80 columns: paths are long, and scripts should use --json anyway.
     Console(width=None if sys.stdout.isatty() else 200).print(table)

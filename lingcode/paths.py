@@ -105,6 +105,11 @@ def models_dir() -> Path:
     return private_dir(cache_dir() / "models")
 
 
+def partial_dir() -> Path:
+    """Catalog models being pulled: the parts fetched and checked so far, so that a pull resumes."""
+    return private_dir(models_dir() / "partial")
+
+
 def token_file() -> Path:
     return config_dir() / "token"
 

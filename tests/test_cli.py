@@ -28,10 +28,12 @@ def lingcode(*args: str, home=None) -> subprocess.CompletedProcess:
 def test_models_json_in_an_empty_home(tmp_path):
     result = lingcode("models", "--json", home=tmp_path)
     assert result.returncode == 0, result.stderr
-    (row,) = json.loads(result.stdout)
-    assert row["name"] == models.DEFAULT_MODEL
-    assert row["pulled"] is False
-    assert row["path"] == str(tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert list(rows) == list(models.catalog())
+    assert not any(row["pulled"] for row in rows.values())
+    assert [name for name, row in rows.items() if row["default"]] == [models.DEFAULT_MODEL]
+    assert rows[models.DEFAULT_MODEL]["path"] == str(tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert rows["qwen2.5-coder-0.5b-instruct"]["use"] == "coding on slow machines"
 
 
 def test_models_json_sees_the_pulled_model(model_path):
@@ -45,8 +47,12 @@ def test_models_json_sees_the_pulled_model(model_path):
 def test_models_table(tmp_path):
     result = lingcode("models", home=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert models.DEFAULT_MODEL in result.stdout
-    assert "no" in result.stdout.split(models.DEFAULT_MODEL, 1)[1]
+    header, *lines = result.stdout.splitlines()
+    assert header.split() == ["name", "default", "pulled", "size", "context", "use", "path"]
+    rows = {line.split()[0]: line.split() for line in lines}
+    assert rows[models.DEFAULT_MODEL][1:5] == ["yes", "no", "98.4", "MB"]
+    assert rows["qwen2.5-coder-1.5b-instruct"][1:5] == ["no", "1.12", "GB", "32768"]
+    assert "coding on slow machines" in result.stdout.split("qwen2.5-coder-0.5b-instruct", 1)[1]
 
 
 def test_serve_help_documents_every_option():
