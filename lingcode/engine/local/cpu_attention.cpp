@@ -29,9 +29,8 @@ namespace {
 
 using namespace lingcode::attention;
 
-at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, int64_t start) {
-  constexpr int64_t D = 64;
-  TORCH_CHECK(q_in.dim() == 4 && q_in.size(0) == 1 && q_in.size(3) == D, "decode_attention: q must be [1, H, T, 64]");
+template <int64_t D>
+at::Tensor decode_attention_(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v, int64_t start) {
   TORCH_CHECK(q_in.scalar_type() == at::kFloat, "decode_attention: q must be float32");
   const bool bf16 = k.scalar_type() == at::kBFloat16;
   TORCH_CHECK((bf16 || k.scalar_type() == at::kHalf) && v.scalar_type() == k.scalar_type(),
@@ -44,7 +43,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   TORCH_CHECK(start >= 0 && end <= k.size(2) && end <= v.size(2), "decode_attention: positions past the cache");
 
   const at::Tensor q = q_in.contiguous();
-  const float scale = 1.0f / std::sqrt(float(D));  // exact for D = 64
+  const float scale = 1.0f / std::sqrt(float(D));  // as the native step's and llama.cpp's
   const int64_t chunks = (end + CHUNK - 1) / CHUNK;
   at::Tensor m = at::empty({kv_heads, chunks, rows}, q.options());
   at::Tensor sum = at::empty({kv_heads, chunks, rows}, q.options());
@@ -84,6 +83,12 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
         combine_chunks<D>(chunks, mp + at_, sp + at_, ap + at_ * D, rows, op + ((h * group + g) * t + i) * D);
       }
   return out;
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t start) {
+  TORCH_CHECK(q.dim() == 4 && q.size(0) == 1 && (q.size(3) == 64 || q.size(3) == 128),
+              "decode_attention: q must be [1, H, T, 64 or 128]");
+  return q.size(3) == 64 ? decode_attention_<64>(q, k, v, start) : decode_attention_<128>(q, k, v, start);
 }
 
 }  // namespace

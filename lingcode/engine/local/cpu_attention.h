@@ -3,7 +3,7 @@
 #pragma once
 
 #include <algorithm>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #include <cmath>
@@ -21,31 +21,68 @@ constexpr int64_t MAX_ROWS = 64;
 // GCC/Clang vector extensions: the compiler keeps these in registers (one zmm with AVX-512) and
 // lowers them to whatever the machine has; plain arrays in the loops below stayed in memory.
 typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
-typedef _Float16 f16x16 __attribute__((vector_size(32)));
+// f16 <-> f32 for one value. With F16C one instruction each; GCC's _Float16 casts call libgcc.
+inline float half_to_float(uint16_t h) {
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  _Float16 f;
+  std::memcpy(&f, &h, sizeof f);
+  return float(f);
+#endif
+}
 
-// 16 cache entries as f32, per storage type
+inline uint16_t float_to_half(float x) {
+#ifdef __F16C__
+  return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
+#else
+  const _Float16 f = _Float16(x);
+  uint16_t h;
+  std::memcpy(&h, &f, sizeof h);
+  return h;
+#endif
+}
+
+// The kernels below work in vectors of the machine's width (VL floats: 16 with AVX-512, 8 with
+// AVX2) and keep as many in registers as it has (32 or 16): with 16-float vectors on AVX2 their
+// accumulators spilled to memory, and attention ran 5-10 times slower than it should (prefill at 8K
+// positions, 13 tokens/s). What a row gets does not depend on the width: every score is one chain of
+// fma over d, every output one chain over positions, and sums go through 16 fixed lanes.
+#if defined(__AVX512F__)
+constexpr int64_t VL = 16;
+#elif defined(__AVX__)
+constexpr int64_t VL = 8;
+#else
+constexpr int64_t VL = 4;
+#endif
+typedef float fvec __attribute__((vector_size(VL * 4)));
+constexpr int REGISTERS = VL == 16 ? 32 : 16;
+
+// VL cache entries as f32, per storage type
 struct Bf16 {
-  static f32x16 load(const uint16_t* p) {
-    u16x16 raw;
+  static fvec load(const uint16_t* p) {
+    typedef uint16_t u16v __attribute__((vector_size(VL * 2)));
+    typedef uint32_t u32v __attribute__((vector_size(VL * 4)));
+    u16v raw;
     std::memcpy(&raw, p, sizeof raw);
-    u32x16 bits = __builtin_convertvector(raw, u32x16) << 16;
-    f32x16 out;
+    u32v bits = __builtin_convertvector(raw, u32v) << 16;
+    fvec out;
     std::memcpy(&out, &bits, sizeof out);
     return out;
   }
 };
 
 struct F16 {
-  static f32x16 load(const uint16_t* p) {
-#ifdef __AVX512F__  // GCC 12 converts a _Float16 vector one element at a time
-    return (f32x16)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  static fvec load(const uint16_t* p) {
+#if defined(__AVX512F__)  // GCC 12 converts a _Float16 vector one element at a time
+    return (fvec)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__AVX__) && defined(__F16C__)  // on AVX2 too: vcvtph2ps, not calls into libgcc
+    return (fvec)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
-    f16x16 raw;
-    std::memcpy(&raw, p, sizeof raw);
-    return __builtin_convertvector(raw, f32x16);
+    fvec out;
+    for (int64_t i = 0; i < VL; ++i) out[i] = half_to_float(p[i]);
+    return out;
 #endif
   }
 };
@@ -86,44 +123,65 @@ inline int64_t block_rows(int64_t left, int64_t most) {
   return (left + blocks - 1) / blocks;
 }
 
-// Scores of NR query rows (pre-scaled, [NR, D]) against n_pad keys (position-last): s[r][l].
-// B blocks of 16 positions for NR rows: each key row (one d) is read over 16 * B positions in a row,
-// so the hardware prefetcher follows one row at a time instead of 64 rows 16 positions at a time.
+// Scores of NR query rows (pre-scaled, [NR, D]) against B * VL keys from l0 (position-last): s[r][l].
+// Each key row (one d) is read over B * VL positions in a row, so the hardware prefetcher follows
+// one row at a time.
 template <int64_t D, int NR, int B, typename Cache>
 void score_blocks(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t l0, float* s) {
-  f32x16 acc[NR][B] = {};
-  for (int64_t d = 0; d < D; ++d)
+  fvec acc[NR][B] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    fvec kv[B];
 #pragma GCC unroll 8
-    for (int b = 0; b < B; ++b) {
-      const f32x16 kv = Cache::load(k + d * k_stride_d + l0 + 16 * b);
+    for (int b = 0; b < B; ++b) kv[b] = Cache::load(k + d * k_stride_d + l0 + VL * b);
 #pragma GCC unroll 12
-      for (int r = 0; r < NR; ++r) acc[r][b] += q[r * D + d] * kv;
+    for (int r = 0; r < NR; ++r) {
+      const float qd = q[r * D + d];
+#pragma GCC unroll 8
+      for (int b = 0; b < B; ++b) acc[r][b] += qd * kv[b];
     }
+  }
   for (int r = 0; r < NR; ++r)
-    for (int b = 0; b < B; ++b) std::memcpy(s + r * CHUNK + l0 + 16 * b, &acc[r][b], sizeof acc[r][b]);
+    for (int b = 0; b < B; ++b) std::memcpy(s + r * CHUNK + l0 + VL * b, &acc[r][b], sizeof acc[r][b]);
 }
+
+// Rows per score pass: NR * B accumulators, B keys and a broadcast within the registers.
+constexpr int SCORE_ROWS = REGISTERS == 32 ? 12 : 6;
 
 // Scores of NR query rows (pre-scaled, [NR, D]) against n_pad keys (position-last): s[r][l]. Each
 // score is one fixed chain of fma over d, however the positions are blocked.
 template <int64_t D, int NR, typename Cache>
 void scores(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t n_pad, float* s) {
-  constexpr int B = NR * 8 <= 24 ? 8 : (24 / NR > 0 ? 24 / NR : 1);  // NR * B accumulators of 32 registers
+  constexpr int FREE = REGISTERS - 3;
+  constexpr int B = NR * 8 <= FREE ? 8 : (FREE / NR > 0 ? FREE / NR : 1);
   int64_t l0 = 0;
-  for (; l0 + 16 * B <= n_pad; l0 += 16 * B) score_blocks<D, NR, B, Cache>(q, k, k_stride_d, l0, s);
-  for (; l0 < n_pad; l0 += LANES) score_blocks<D, NR, 1, Cache>(q, k, k_stride_d, l0, s);
+  for (; l0 + VL * B <= n_pad; l0 += VL * B) score_blocks<D, NR, B, Cache>(q, k, k_stride_d, l0, s);
+  for (; l0 < n_pad; l0 += VL) score_blocks<D, NR, 1, Cache>(q, k, k_stride_d, l0, s);
 }
 
-// out[r] = sum over the first n positions of w[r][l] * v[l] for NR rows of weights (stride CHUNK).
+// Rows per value pass, and the slice of d (4 vectors) each pass keeps in registers
+constexpr int VALUE_ROWS = REGISTERS == 32 ? 6 : 3;
+constexpr int64_t VALUE_SLICE = 4 * VL;
+
+// out[r] = sum over the first n positions of w[r][l] * v[l] for NR rows of weights (stride CHUNK),
+// a slice of d at a time.
 template <int64_t D, int NR, typename Cache>
 void weighted_values(const float* w, const uint16_t* v, int64_t v_stride_l, int64_t n, float* out) {
-  f32x16 acc[NR][D / 16] = {};
-  for (int64_t l = 0; l < n; ++l) {
-    f32x16 vv[D / 16];
-    for (int64_t d = 0; d < D / 16; ++d) vv[d] = Cache::load(v + l * v_stride_l + d * 16);
-    for (int r = 0; r < NR; ++r)
-      for (int64_t d = 0; d < D / 16; ++d) acc[r][d] += w[r * CHUNK + l] * vv[d];
+  constexpr int64_t SLICE = D < VALUE_SLICE ? D : VALUE_SLICE, V = SLICE / VL;
+  for (int64_t d0 = 0; d0 < D; d0 += SLICE) {
+    fvec acc[NR][V] = {};
+    for (int64_t l = 0; l < n; ++l) {
+      fvec vv[V];
+#pragma GCC unroll 8
+      for (int64_t j = 0; j < V; ++j) vv[j] = Cache::load(v + l * v_stride_l + d0 + j * VL);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const float wl = w[r * CHUNK + l];
+#pragma GCC unroll 8
+        for (int64_t j = 0; j < V; ++j) acc[r][j] += wl * vv[j];
+      }
+    }
+    for (int r = 0; r < NR; ++r) std::memcpy(out + r * D + d0, acc[r], sizeof acc[r]);
   }
-  for (int r = 0; r < NR; ++r) std::memcpy(out + r * D, acc[r], sizeof acc[r]);
 }
 
 // One (kv head, chunk): for each of `rows` query rows (pre-scaled, [rows, 64]) the chunk's
@@ -134,10 +192,10 @@ void chunk_attention(const float* q, int64_t rows, const int64_t* visible, const
   const int64_t n_pad = (n + LANES - 1) / LANES * LANES;
   alignas(64) float s[MAX_ROWS * CHUNK];
 
-  // scores: up to 12 rows (12 accumulators + the keys in 13 of 32 registers) by 16 positions
+  // scores: up to SCORE_ROWS rows at a time
   for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
-    nr = block_rows(rows - r0, 12);
-    with_rows<12>(nr, [&](auto NR) { scores<D, NR, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); });
+    nr = block_rows(rows - r0, SCORE_ROWS);
+    with_rows<SCORE_ROWS>(nr, [&](auto NR) { scores<D, NR, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); });
   }
 
   // per row: max over its visible positions, exp, sum in 16 fixed lanes; invisible -> 0
@@ -163,11 +221,13 @@ void chunk_attention(const float* q, int64_t rows, const int64_t* visible, const
     sum_out[r] = total;
   }
 
-  // exp(s - m) @ v, up to 6 rows (24 accumulators + 4 value vectors); the weights past a row's
-  // visible positions are exact zeros
+  // exp(s - m) @ v, up to VALUE_ROWS rows at a time; the weights past a row's visible positions are
+  // exact zeros
   for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
-    nr = block_rows(rows - r0, 6);
-    with_rows<6>(nr, [&](auto NR) { weighted_values<D, NR, Cache>(s + r0 * CHUNK, v, v_stride_l, n, acc_out + r0 * D); });
+    nr = block_rows(rows - r0, VALUE_ROWS);
+    with_rows<VALUE_ROWS>(nr, [&](auto NR) {
+      weighted_values<D, NR, Cache>(s + r0 * CHUNK, v, v_stride_l, n, acc_out + r0 * D);
+    });
   }
 }
 

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "cpu_attention.cpp", HERE / "cpu_step.cpp"]
-HEADERS = [HERE / "cpu_attention.h"]
+HEADERS = [HERE / "cpu_attention.h", HERE / "cpu_blocks.h"]
 NAME = "lingcode_cpu_native"
 _loaded: list[ModuleType | None] = []  # [] until the first load()
 

@@ -4,21 +4,18 @@
 // Why: a decode step of the 135M default model reads ~97 MB of 4-bit weights; at the memory
 // bandwidth of two cores that is ~6 ms, while torch spent ~30 ms, mostly in the dispatch of ~600
 // small ops and their OpenMP regions. Here two threads (Pool) run the whole step with five
-// barriers per layer, and every matmul reads the GGUF's own blocks (Q4_1, Q8_0) against
-// activations quantized to 8 bits per block of 32 (ggml's Q8_1 idea), with integer dot products.
+// barriers per layer, and every matmul reads the GGUF's own blocks (cpu_blocks.h) against
+// activations quantized to 8 bits, with integer dot products.
 //
 // Row-exact by construction, which lossless speculation needs: each token's numbers go through the
 // same operations in the same order whatever the number of tokens in the step and the thread count.
-// Per-token work (norms, quantization, RoPE, SiLU, the attention's combine) is done for every token
-// by every thread into its own buffers, so it never depends on how tokens are split; a matmul's
-// output row for a token is one fixed chain of float operations over its blocks (the block's
-// integer dot product is exact); attention is cpu_attention.h's chunked kernel, row-exact too.
+// Per-token work (norms, biases, quantization, RoPE, SiLU, the attention's combine) is done for
+// every token by every thread into its own buffers, so it never depends on how tokens are split; a
+// matmul's output row for a token is one fixed chain of float operations over its blocks
+// (cpu_blocks.h); attention is cpu_attention.h's chunked kernel, row-exact too.
 //
-// Weights are repacked once at load into groups of 16 rows: for each block of 32 columns, the
-// 16 rows' f16 scales (and mins) and their codes interleaved 4 bytes at a time, so that one 512-bit
-// vector holds 4 codes of each of 16 rows and an integer dot product (vpdpbusd) gives 16 rows'
-// partial sums at once, with no horizontal sums. Kernels: AVX-512 (VNNI or BW), AVX2 (with or
-// without AVX-VNNI), or portable C++, chosen at build time by the machine's flags (-march=native).
+// What differs between architectures comes from weights.py's table, as data: QKV biases (Qwen2), a
+// norm on each head of Q and K (Qwen3), the head width (64 or 128).
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -41,23 +38,15 @@
 #include <cstring>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "cpu_attention.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#define LC_ISA_512 1
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define LC_ISA_256 1
-#endif
+#include "cpu_blocks.h"
 
 // The kernels' loops over tokens and code lines are unrolled by hand-set pragmas: GCC left some
 // rolled, which kept the accumulators in memory (a 3-token step then cost twice a 2-token one).
@@ -65,19 +54,9 @@
 namespace lingcode::step {
 
 using attention::f32x16;
-
-constexpr int64_t GROUP = 16;  // rows interleaved together
-constexpr int64_t QK = 32;     // weights per block (one scale)
-constexpr int NT = 8;          // tokens per register tile in the matmuls
-constexpr int64_t HEAD_DIM = 64;
-
-enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  // ggml's type ids
-
-inline int32_t load_i32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+using blocks::Act;
+using blocks::GROUP;
+using blocks::Matrix;
 
 inline f32x16 loadv(const float* p) {
   f32x16 v;
@@ -96,59 +75,7 @@ inline float hsum(f32x16 v) {
   return s[0];
 }
 
-inline float half_to_float(uint16_t h) {
-  _Float16 f;
-  std::memcpy(&f, &h, sizeof f);
-  return float(f);
-}
-
-inline uint16_t float_to_half(float x) {
-  const _Float16 f = _Float16(x);
-  uint16_t h;
-  std::memcpy(&h, &f, sizeof h);
-  return h;
-}
-
 // --- weights --------------------------------------------------------------------------------------
-
-// A weight matrix [rows, cols] repacked from GGUF blocks. For row group g and block b:
-// codes at ((g * blocks + b) * code_bytes): 64-byte lines, line j holding bytes 4j..4j+3 of each
-// of the 16 rows' block data (Q4_1: the 16 bytes of nibbles, so 4 lines; Q8_0: the 32 int8 codes,
-// 8 lines); scales at ((g * blocks + b) * scale_count): 16 f16 d, then (Q4_1) 16 f16 m.
-// Q4_0 is stored as Q4_1 with m = -8 d (exact in f16).
-struct Matrix {
-  int64_t kind = 0, rows = 0, cols = 0;
-  at::Tensor codes, scales;
-
-  int64_t blocks() const { return cols / QK; }
-  int64_t code_bytes() const { return kind == Q8_0 ? 512 : 256; }
-  int64_t scale_count() const { return kind == Q8_0 ? 16 : 32; }
-  const uint8_t* group_codes(int64_t g) const { return codes.data_ptr<uint8_t>() + g * blocks() * code_bytes(); }
-  const uint16_t* group_scales(int64_t g) const {
-    return reinterpret_cast<const uint16_t*>(scales.data_ptr<int16_t>()) + g * blocks() * scale_count();
-  }
-  int64_t bytes() const { return codes.nbytes() + scales.nbytes(); }
-
-  // One row as floats (the token embedding).
-  void dequantize_row(int64_t row, float* out) const {
-    const int64_t g = row / GROUP, lane = row % GROUP, nb = blocks();
-    const uint8_t* c = group_codes(g);
-    const uint16_t* s = group_scales(g);
-    for (int64_t b = 0; b < nb; ++b, c += code_bytes(), s += scale_count()) {
-      const float d = half_to_float(s[lane]);
-      if (kind == Q8_0) {
-        for (int64_t e = 0; e < QK; ++e) out[b * QK + e] = d * float(int8_t(c[64 * (e / 4) + 4 * lane + e % 4]));
-      } else {
-        const float m = half_to_float(s[16 + lane]);
-        for (int64_t e = 0; e < 16; ++e) {
-          const uint8_t byte = c[64 * (e / 4) + 4 * lane + e % 4];
-          out[b * QK + e] = std::fma(d, float(byte & 15), m);
-          out[b * QK + 16 + e] = std::fma(d, float(byte >> 4), m);
-        }
-      }
-    }
-  }
-};
 
 struct MappedFile {
   const uint8_t* data = nullptr;
@@ -166,448 +93,66 @@ struct MappedFile {
   }
   ~MappedFile() { munmap(const_cast<uint8_t*>(data), size); }
 };
+// A token embedding that is not the head's matrix: the file's own rows, read from the mapped file
+// as tokens come (only the rows used ever take memory: 130 MB of a 1.5B model's 1.1 GB are
+// embeddings, most of them never read).
+struct Embedding {
+  std::shared_ptr<MappedFile> file;
+  int64_t type = 0, offset = 0, rows = 0, cols = 0, row_bytes = 0;
 
-// parts: (byte offset of the tensor's data in the file, rows, row order or None: output row i of
-// the part is the file's row order[i]), stacked in that order (fused QKV, gate/up).
-Matrix repack(const std::string& path, int64_t kind, int64_t cols,
-              const std::vector<std::tuple<int64_t, int64_t, std::optional<at::Tensor>>>& parts) {
-  TORCH_CHECK(kind == Q4_0 || kind == Q4_1 || kind == Q8_0, "native step: unsupported GGUF type ", kind);
-  TORCH_CHECK(cols % QK == 0, "native step: columns must be a multiple of 32");
-  const int64_t in_block = kind == Q4_0 ? 18 : kind == Q4_1 ? 20 : 34;
-  Matrix m;
-  m.kind = kind == Q8_0 ? Q8_0 : Q4_1;
-  m.cols = cols;
-  for (const auto& part : parts) m.rows += std::get<1>(part);
-  TORCH_CHECK(m.rows % GROUP == 0, "native step: rows must be a multiple of 16");
-  const int64_t nb = m.blocks(), groups = m.rows / GROUP;
-  m.codes = at::empty({groups * nb * m.code_bytes()}, at::kByte);
-  m.scales = at::empty({groups * nb * m.scale_count()}, at::kShort);
-
-  MappedFile file(path);
-  std::vector<const uint8_t*> sources(m.rows);  // each output row's bytes in the file
-  int64_t row = 0;
-  for (const auto& [offset, rows, order] : parts) {
-    TORCH_CHECK(offset >= 0 && size_t(offset + rows * nb * in_block) <= file.size, "native step: tensor past the file's end");
-    at::Tensor o;
-    if (order) {
-      o = order->to(at::kLong).contiguous();
-      TORCH_CHECK(o.numel() == rows, "native step: a row order must name every row");
-    }
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t src = order ? o.data_ptr<int64_t>()[i] : i;
-      TORCH_CHECK(src >= 0 && src < rows, "native step: row order out of range");
-      sources[row++] = file.data + offset + src * nb * in_block;
-    }
-  }
-  uint8_t* codes = m.codes.data_ptr<uint8_t>();
-  uint16_t* scales = reinterpret_cast<uint16_t*>(m.scales.data_ptr<int16_t>());
-  const int64_t cb = m.code_bytes(), sc = m.scale_count();
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
-      for (int64_t lane = 0; lane < GROUP; ++lane) {
-        const uint8_t* src = sources[g * GROUP + lane];
-        for (int64_t b = 0; b < nb; ++b, src += in_block) {
-          uint8_t* c = codes + (g * nb + b) * cb;
-          uint16_t* s = scales + (g * nb + b) * sc;
-          uint16_t d;
-          std::memcpy(&d, src, 2);
-          s[lane] = d;
-          if (kind == Q8_0) {
-            #pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j) std::memcpy(c + 64 * j + 4 * lane, src + 2 + 4 * j, 4);
-          } else {
-            if (kind == Q4_1) {
-              std::memcpy(&s[16 + lane], src + 2, 2);
-            } else {
-              s[16 + lane] = float_to_half(-8.0f * half_to_float(d));
-            }
-            const uint8_t* qs = src + (kind == Q4_1 ? 4 : 2);
-            #pragma GCC unroll 8
-            for (int j = 0; j < 4; ++j) std::memcpy(c + 64 * j + 4 * lane, qs + 4 * j, 4);
-          }
-        }
-      }
-  });
-  return m;
-}
-
-// --- activations ----------------------------------------------------------------------------------
-
-// max |x| over a block of 32, and the block rounded to int8 as round(x * id) (the product rounded
-// once, then to the nearest integer, ties to even: the same integers on every kernel path); returns
-// their sum.
-#if defined(__AVX512F__)
-inline float block_amax(const float* x) {
-  const __m512 a = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16)));
-  return _mm512_reduce_max_ps(a);
-}
-
-inline int32_t quantize_block(const float* x, float id, int8_t* out) {
-  const __m512 scale = _mm512_set1_ps(id);
-  const int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  const __m512i q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x), scale), mode));
-  const __m512i q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + 16), scale), mode));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(q0));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(q1));
-  return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-}
-#elif defined(__AVX2__)
-inline float block_amax(const float* x) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x));
-  for (int i = 8; i < 32; i += 8) a = _mm256_max_ps(a, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
-
-inline int32_t quantize_block(const float* x, float id, int8_t* out) {
-  const __m256 scale = _mm256_set1_ps(id);
-  __m256i sum = _mm256_setzero_si256();
-  for (int i = 0; i < 32; i += 8) {
-    const __m256i q = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale),
-                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    sum = _mm256_add_epi32(sum, q);
-    alignas(32) int32_t lanes[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), q);
-    for (int j = 0; j < 8; ++j) out[i + j] = int8_t(lanes[j]);
-  }
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sum);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
-}
-#else
-inline float block_amax(const float* x) {
-  float m = 0.0f;
-  for (int i = 0; i < 32; ++i) m = std::max(m, std::fabs(x[i]));
-  return m;
-}
-
-inline int32_t quantize_block(const float* x, float id, int8_t* out) {
-  int32_t sum = 0;
-  for (int i = 0; i < 32; ++i) {
-    const float product = x[i] * id;  // rounded once, as the vector paths do
-    out[i] = int8_t(std::nearbyint(product));
-    sum += out[i];
-  }
-  return sum;
-}
-#endif
-
-// T tokens' activations [T, k], each block of 32 quantized to int8 with one scale d: q = round(x / d),
-// d = max |x| / 127. Kept per block: d, the sum of q, and d times it (for Q4_1's min term).
-struct Act {
-  int64_t k = 0, blocks = 0;
-  std::vector<int8_t> q;
-  std::vector<float> d, sum;
-  std::vector<int32_t> isum;
-
-  void resize(int64_t tokens, int64_t k_max) {
-    if (int64_t(q.size()) < tokens * k_max) {
-      q.resize(tokens * k_max);
-      d.resize(tokens * k_max / QK);
-      sum.resize(tokens * k_max / QK);
-      isum.resize(tokens * k_max / QK);
-    }
-  }
-  void set_width(int64_t k_) {
-    k = k_;
-    blocks = k_ / QK;
-  }
-  const int8_t* qt(int64_t t, int64_t b) const { return q.data() + t * k + b * QK; }
-  int64_t at(int64_t t, int64_t b) const { return t * blocks + b; }
-
-  void quantize(int64_t t, const float* x) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float amax = block_amax(x + b * QK);
-      const float dq = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const int32_t s = quantize_block(x + b * QK, id, q.data() + t * k + b * QK);
-      d[at(t, b)] = dq;
-      sum[at(t, b)] = dq * float(s);  // of the quantized values: its error cancels the codes' (Q4_1 mins)
-      isum[at(t, b)] = s;
-    }
+  void row(int64_t id, float* out) const {
+    const int64_t block = blocks::layout(blocks::pack_of(type)).block, block_bytes = blocks::file_block_bytes(type);
+    const uint8_t* src = file->data + offset + id * row_bytes;
+    for (int64_t b = 0; b < cols / block; ++b) blocks::dequantize_block(type, src + b * block_bytes, out + b * block);
   }
 };
 
-// --- matmul kernels: 16 rows (one group) x nt tokens -------------------------------------------------
-// out[t * ldo + lane] = the row's dot product with token t0 + t; the float chain per (row, token) is
-// for each block: acc = fma(isum, d_w * d_x, acc), then (Q4_1) acc = fma(m_w, sum_x, acc).
-
-#if LC_ISA_512
-
-inline __m512i dot_u8i8(__m512i acc, __m512i u8, __m512i i8) {
-#ifdef __AVX512VNNI__
-  return _mm512_dpbusd_epi32(acc, u8, i8);
-#else  // u8 <= 15 here: the 16-bit pair sums cannot saturate
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u8, i8), _mm512_set1_epi16(1)));
-#endif
+// `bytes` of zeroed memory starting on a 2 MB boundary, advised to be backed by 2 MB pages (before
+// the first touch, which is when the kernel decides).
+inline at::Tensor huge_page_block(int64_t bytes) {
+  constexpr int64_t HUGE_PAGE = int64_t(2) << 20;
+  const auto up = [](int64_t n, int64_t to) { return (n + to - 1) / to * to; };
+  const size_t mapped = size_t(up(bytes, HUGE_PAGE) + HUGE_PAGE);  // room to start on a 2 MB boundary
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(p != MAP_FAILED, "native step: cannot map ", mapped, " bytes for the weights");
+  uint8_t* base = reinterpret_cast<uint8_t*>(up(reinterpret_cast<int64_t>(p), HUGE_PAGE));
+  madvise(base, size_t(up(bytes, HUGE_PAGE)), MADV_HUGEPAGE);
+  return at::from_blob(base, {bytes}, [p, mapped](void*) { munmap(p, mapped); }, at::kByte);
 }
 
-template <int N>
-void q4_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  __m512 acc[N];
-  #pragma GCC unroll 8
-  for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  const uint8_t* c = w.group_codes(g);
-  const uint16_t* s = w.group_scales(g);
-  const int64_t nb = w.blocks();
-  for (int64_t b = 0; b < nb; ++b, c += 256, s += 32) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 16)));
-    __m512i lo[4], hi[4];
-    #pragma GCC unroll 8
-    for (int j = 0; j < 4; ++j) {
-      const __m512i v = _mm512_load_si512(c + 64 * j);
-      lo[j] = _mm512_and_si512(v, low);
-      hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+// A standalone matrix (tests, benchmarks): the parts stacked in order, in memory of its own.
+Matrix repack(const std::string& path, int64_t cols, const std::vector<blocks::PartSpec>& parts) {
+  MappedFile file(path);
+  return blocks::repack(file.data, file.size, cols, parts);
+}
+
+// Every matrix of a model, (cols, parts) each, repacked straight into one block of memory that the
+// kernel may back with 2 MB pages: a step streams all the weights, and on 4 KB pages it ran slower,
+// its two threads waiting for each other more often. One block, written once: no second copy of
+// the weights at load, and nothing left behind in the allocator's free lists.
+std::vector<Matrix> load_matrices(const std::string& path,
+                                  const std::vector<std::pair<int64_t, std::vector<blocks::PartSpec>>>& specs) {
+  constexpr int64_t ALIGN = 64;
+  const auto up = [](int64_t n, int64_t to) { return (n + to - 1) / to * to; };
+  int64_t total = 0;
+  for (const auto& [cols, parts] : specs)
+    for (const auto& part : parts) {
+      const auto [codes, meta] = blocks::part_bytes(std::get<0>(part), std::get<2>(part), cols);
+      total += up(codes, ALIGN) + up(meta, ALIGN);
     }
-    #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) {
-      const int8_t* x = a.qt(t0 + t, b);
-      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-      #pragma GCC unroll 8
-      for (int j = 0; j < 4; ++j) {
-        s0 = dot_u8i8(s0, lo[j], _mm512_set1_epi32(load_i32(x + 4 * j)));
-        s1 = dot_u8i8(s1, hi[j], _mm512_set1_epi32(load_i32(x + 16 + 4 * j)));
-      }
-      const int64_t i = a.at(t0 + t, b);
-      const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-      acc[t] = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, _mm512_set1_ps(a.d[i])), acc[t]);
-      acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[i]), acc[t]);
-    }
-  }
-  #pragma GCC unroll 8
-  for (int t = 0; t < N; ++t) _mm512_storeu_ps(out + t * ldo, acc[t]);
-}
-
-template <int N>
-void q8_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  __m512 acc[N];
-  #pragma GCC unroll 8
-  for (int t = 0; t < N; ++t) acc[t] = _mm512_setzero_ps();
-  const uint8_t* c = w.group_codes(g);
-  const uint16_t* s = w.group_scales(g);
-  const int64_t nb = w.blocks();
-  for (int64_t b = 0; b < nb; ++b, c += 512, s += 16) {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
-    __m512i u[8], sign[8];
-#ifdef __AVX512VNNI__  // codes + 128 as unsigned; the sum then has 128 * sum(x) too much
-    const __m512i flip = _mm512_set1_epi8(char(0x80));
-    #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) u[j] = _mm512_xor_si512(_mm512_load_si512(c + 64 * j), flip);
-    (void)sign;
-#else  // |codes| times x with the codes' signs (16-bit pair sums stay below 2^15)
-    #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      sign[j] = _mm512_load_si512(c + 64 * j);
-      u[j] = _mm512_abs_epi8(sign[j]);
-    }
-#endif
-    #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) {
-      const int8_t* x = a.qt(t0 + t, b);
-      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-      #pragma GCC unroll 8
-      for (int j = 0; j < 8; j += 2) {
-        __m512i x0 = _mm512_set1_epi32(load_i32(x + 4 * j)), x1 = _mm512_set1_epi32(load_i32(x + 4 * j + 4));
-#ifndef __AVX512VNNI__
-        x0 = _mm512_mask_sub_epi8(x0, _mm512_movepi8_mask(sign[j]), _mm512_setzero_si512(), x0);
-        x1 = _mm512_mask_sub_epi8(x1, _mm512_movepi8_mask(sign[j + 1]), _mm512_setzero_si512(), x1);
-#endif
-        s0 = dot_u8i8(s0, u[j], x0);
-        s1 = dot_u8i8(s1, u[j + 1], x1);
-      }
-      const int64_t i = a.at(t0 + t, b);
-      __m512i isum = _mm512_add_epi32(s0, s1);
-#ifdef __AVX512VNNI__
-      isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * a.isum[i]));
-#endif
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(a.d[i])), acc[t]);
-    }
-  }
-  #pragma GCC unroll 8
-  for (int t = 0; t < N; ++t) _mm512_storeu_ps(out + t * ldo, acc[t]);
-}
-
-const char* isa() {
-#ifdef __AVX512VNNI__
-  return "avx512-vnni";
-#else
-  return "avx512bw";
-#endif
-}
-
-#elif LC_ISA_256
-
-inline __m256i dot_u8i8(__m256i acc, __m256i u8, __m256i i8) {
-#ifdef __AVXVNNI__
-  return _mm256_dpbusd_avx_epi32(acc, u8, i8);
-#else  // |u8| <= 128 and |i8| <= 127 here: the 16-bit pair sums cannot saturate
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, i8), _mm256_set1_epi16(1)));
-#endif
-}
-
-// Eight rows at a time: half h of the group is bytes 32h..32h+31 of each 64-byte line.
-template <int N>
-void q4_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  const int64_t nb = w.blocks();
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[N];
-    #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
-    const uint8_t* c = w.group_codes(g) + 32 * h;
-    const uint16_t* s = w.group_scales(g) + 8 * h;
-    for (int64_t b = 0; b < nb; ++b, c += 256, s += 32) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
-      __m256i lo[4], hi[4];
-      #pragma GCC unroll 8
-      for (int j = 0; j < 4; ++j) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
-        lo[j] = _mm256_and_si256(v, low);
-        hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      }
-      #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const int8_t* x = a.qt(t0 + t, b);
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        #pragma GCC unroll 8
-        for (int j = 0; j < 4; ++j) {
-          s0 = dot_u8i8(s0, lo[j], _mm256_set1_epi32(load_i32(x + 4 * j)));
-          s1 = dot_u8i8(s1, hi[j], _mm256_set1_epi32(load_i32(x + 16 + 4 * j)));
-        }
-        const int64_t i = a.at(t0 + t, b);
-        const __m256 sum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-        acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, _mm256_set1_ps(a.d[i])), acc[t]);
-        acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sum[i]), acc[t]);
-      }
-    }
-    #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) _mm256_storeu_ps(out + t * ldo + 8 * h, acc[t]);
-  }
-}
-
-template <int N>
-void q8_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  const int64_t nb = w.blocks();
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[N];
-    #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = _mm256_setzero_ps();
-    const uint8_t* c = w.group_codes(g) + 32 * h;
-    const uint16_t* s = w.group_scales(g) + 8 * h;
-    for (int64_t b = 0; b < nb; ++b, c += 512, s += 16) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-      __m256i u[8], sign[8];
-      #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        sign[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j));
-        u[j] = _mm256_sign_epi8(sign[j], sign[j]);  // |codes|
-      }
-      #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const int8_t* x = a.qt(t0 + t, b);
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-        #pragma GCC unroll 8
-        for (int j = 0; j < 8; j += 2) {
-          s0 = dot_u8i8(s0, u[j], _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * j)), sign[j]));
-          s1 = dot_u8i8(s1, u[j + 1], _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 4 * j + 4)), sign[j + 1]));
-        }
-        const int64_t i = a.at(t0 + t, b);
-        const __m256 sum = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-        acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, _mm256_set1_ps(a.d[i])), acc[t]);
-      }
-    }
-    #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) _mm256_storeu_ps(out + t * ldo + 8 * h, acc[t]);
-  }
-}
-
-const char* isa() {
-#ifdef __AVXVNNI__
-  return "avx2-vnni";
-#else
-  return "avx2";
-#endif
-}
-
-#else  // portable C++
-
-template <int N>
-void q4_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  const uint8_t* c = w.group_codes(g);
-  const uint16_t* s = w.group_scales(g);
-  const int64_t nb = w.blocks();
-  float acc[N][GROUP] = {};
-  for (int64_t b = 0; b < nb; ++b, c += 256, s += 32)
-    for (int64_t lane = 0; lane < GROUP; ++lane) {
-      int32_t q[QK];
-      for (int64_t e = 0; e < 16; ++e) {
-        const uint8_t byte = c[64 * (e / 4) + 4 * lane + e % 4];
-        q[e] = byte & 15;
-        q[16 + e] = byte >> 4;
-      }
-      const float d = half_to_float(s[lane]), m = half_to_float(s[16 + lane]);
-      #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const int8_t* x = a.qt(t0 + t, b);
-        int32_t isum = 0;
-        for (int64_t e = 0; e < QK; ++e) isum += q[e] * x[e];
-        const int64_t i = a.at(t0 + t, b);
-        acc[t][lane] = std::fma(float(isum), d * a.d[i], acc[t][lane]);
-        acc[t][lane] = std::fma(m, a.sum[i], acc[t][lane]);
-      }
-    }
-  #pragma GCC unroll 8
-  for (int t = 0; t < N; ++t) std::memcpy(out + t * ldo, acc[t], sizeof acc[t]);
-}
-
-template <int N>
-void q8_tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  const uint8_t* c = w.group_codes(g);
-  const uint16_t* s = w.group_scales(g);
-  const int64_t nb = w.blocks();
-  float acc[N][GROUP] = {};
-  for (int64_t b = 0; b < nb; ++b, c += 512, s += 16)
-    for (int64_t lane = 0; lane < GROUP; ++lane) {
-      int32_t q[QK];
-      for (int64_t e = 0; e < QK; ++e) q[e] = int8_t(c[64 * (e / 4) + 4 * lane + e % 4]);
-      const float d = half_to_float(s[lane]);
-      #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const int8_t* x = a.qt(t0 + t, b);
-        int32_t isum = 0;
-        for (int64_t e = 0; e < QK; ++e) isum += q[e] * x[e];
-        acc[t][lane] = std::fma(float(isum), d * a.d[a.at(t0 + t, b)], acc[t][lane]);
-      }
-    }
-  #pragma GCC unroll 8
-  for (int t = 0; t < N; ++t) std::memcpy(out + t * ldo, acc[t], sizeof acc[t]);
-}
-
-const char* isa() { return "portable"; }
-
-#endif
-
-template <int N>
-void tile(const Matrix& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  if (w.kind == Q8_0)
-    q8_tile<N>(w, g, a, t0, out, ldo);
-  else
-    q4_tile<N>(w, g, a, t0, out, ldo);
-}
-
-// out[t * ldo + row] for row groups [g0, g1) and tokens [0, tokens): the tokens in tiles of NT
-// (then one tile of the rest), each group's weights read once per tile.
-void matmul(const Matrix& w, const Act& a, int64_t tokens, float* out, int64_t ldo, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g)
-    for (int64_t t0 = 0; t0 < tokens; t0 += NT) {
-      float* o = out + t0 * ldo + g * GROUP;
-      attention::with_rows<NT>(std::min<int64_t>(NT, tokens - t0), [&](auto n) { tile<n>(w, g, a, t0, o, ldo); });
-    }
+  const at::Tensor block = huge_page_block(total);
+  int64_t offset = 0;
+  const blocks::Allocate from_block = [&](int64_t code_bytes, int64_t meta_bytes) {
+    at::Tensor codes = block.narrow(0, offset, code_bytes);
+    offset += up(code_bytes, ALIGN);
+    at::Tensor meta = block.narrow(0, offset, meta_bytes);
+    offset += up(meta_bytes, ALIGN);
+    return std::make_pair(codes, meta);
+  };
+  MappedFile file(path);
+  std::vector<Matrix> out;
+  for (const auto& [cols, parts] : specs) out.push_back(blocks::repack(file.data, file.size, cols, parts, from_block));
+  return out;
 }
 
 // x [T, cols] @ w.T, activations quantized as the step quantizes them (for tests and benchmarks).
@@ -617,10 +162,17 @@ at::Tensor matmul_op(const Matrix& w, const at::Tensor& x_in) {
   const int64_t T = x.size(0);
   Act act;
   act.resize(T, w.cols);
-  act.set_width(w.cols);
+  act.set_width(w.cols, w);
   for (int64_t t = 0; t < T; ++t) act.quantize(t, x.data_ptr<float>() + t * w.cols);
   at::Tensor out = at::empty({T, w.rows}, at::kFloat);
-  matmul(w, act, T, out.data_ptr<float>(), w.rows, 0, w.rows / GROUP);
+  blocks::matmul(w, act, T, out.data_ptr<float>(), w.rows, 0, w.rows / GROUP);
+  return out;
+}
+
+// The matrix's weights as the kernels weigh them, [rows, cols] (tests: against gguf's dequantization).
+at::Tensor dequantize_op(const Matrix& w) {
+  at::Tensor out = at::empty({w.rows, w.cols}, at::kFloat);
+  for (int64_t r = 0; r < w.rows; ++r) w.dequantize_row(r, out.data_ptr<float>() + r * w.cols);
   return out;
 }
 
@@ -640,12 +192,12 @@ void add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) storev(x + i, loadv(x + i) + loadv(y + i));
 }
 
-// Rotate-half RoPE on one head of 64 (the Hugging Face layout; weights.py unpermutes GGUF's rows).
-void rope(float* x, const float* cos, const float* sin) {
-  for (int64_t i = 0; i < HEAD_DIM / 2; ++i) {
-    const float a = x[i], b = x[i + HEAD_DIM / 2];
+// Rotate-half RoPE on one head of d (the Hugging Face layout; weights.py unpermutes Llama's GGUF rows).
+void rope(float* x, const float* cos, const float* sin, int64_t d) {
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const float a = x[i], b = x[i + d / 2];
     x[i] = a * cos[i] - b * sin[i];
-    x[i + HEAD_DIM / 2] = b * cos[i + HEAD_DIM / 2] + a * sin[i + HEAD_DIM / 2];
+    x[i + d / 2] = b * cos[i + d / 2] + a * sin[i + d / 2];
   }
 }
 
@@ -860,6 +412,7 @@ class Pool {
 
 struct Layer {
   at::Tensor attn_norm, ffn_norm;
+  at::Tensor qkv_bias, q_norm, k_norm;  // empty where the architecture has none
   Matrix wqkv, wo, w_gate_up, w_down;
   at::Tensor k_cache, v_cache;  // model.KVCache's f16 buffers: keys [1, KV, Lpad, D] viewed position-last
 };
@@ -870,74 +423,84 @@ struct Private {
   Act act;
 };
 
+// f(std::integral_constant<int64_t, D>) for the head widths the attention kernel is built for.
+template <typename F>
+void with_head_dim(int64_t d, F&& f) {
+  if (d == 64) return f(std::integral_constant<int64_t, 64>{});
+  if (d == 128) return f(std::integral_constant<int64_t, 128>{});
+  TORCH_CHECK(false, "native step: heads of ", d, " (64 or 128 only)");
+}
+
 class Step {
  public:
-  Step(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t ffn_dim, double eps, at::Tensor rope_cos,
-       at::Tensor rope_sin, at::Tensor norm, Matrix head, Matrix embed)
-      : dim_(dim), heads_(n_heads), kv_heads_(n_kv_heads), ffn_(ffn_dim), eps_(float(eps)),
-        rope_cos_(rope_cos.contiguous()), rope_sin_(rope_sin.contiguous()), norm_(norm.contiguous()),
-        head_(std::move(head)), embed_(std::move(embed)) {
-    TORCH_CHECK(dim % QK == 0 && ffn_dim % QK == 0, "native step: dimensions must be multiples of 32");
-    TORCH_CHECK(n_heads % n_kv_heads == 0 && dim == n_heads * HEAD_DIM, "native step: heads of 64 only");
-    TORCH_CHECK(rope_cos_.scalar_type() == at::kFloat && rope_cos_.size(1) == HEAD_DIM, "native step: rope tables");
-    TORCH_CHECK(head_.cols == dim && embed_.cols == dim && embed_.rows == head_.rows, "native step: head shape");
-    max_len_ = rope_cos_.size(0);
+  // inv_freq [head_dim / 2]: RoPE's frequencies; a position's angles are computed when it is fed
+  // (a table of every position's would take 32 MB for a 32K context of 128-wide heads).
+  // embedding: (path, ggml type, offset, rows, cols) of the file's token embedding, or None where it
+  // is the head's matrix (tied).
+  Step(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t ffn_dim, double eps,
+       int64_t max_len, at::Tensor inv_freq, at::Tensor norm, Matrix head,
+       std::optional<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>> embedding)
+      : dim_(dim), heads_(n_heads), kv_heads_(n_kv_heads), hd_(head_dim), ffn_(ffn_dim), max_len_(max_len),
+        eps_(float(eps)), inv_freq_(inv_freq.to(at::kFloat).contiguous()), norm_(norm.to(at::kFloat).contiguous()),
+        head_(std::move(head)) {
+    if (embedding) {
+      const auto& [path, type, offset, rows, cols] = *embedding;
+      embed_.file = std::make_shared<MappedFile>(path);
+      embed_.type = type, embed_.offset = offset, embed_.rows = rows, embed_.cols = cols;
+      const int64_t block = blocks::layout(blocks::pack_of(type)).block;
+      TORCH_CHECK(cols % block == 0, "native step: the embedding's rows are not whole blocks");
+      embed_.row_bytes = cols / block * blocks::file_block_bytes(type);
+      TORCH_CHECK(offset >= 0 && size_t(offset + rows * embed_.row_bytes) <= embed_.file->size,
+                  "native step: the embedding is past the file's end");
+      madvise(const_cast<uint8_t*>(embed_.file->data), embed_.file->size, MADV_RANDOM);  // rows as tokens come
+    }
+    const int64_t embed_rows = embed_.file ? embed_.rows : head_.rows, embed_cols = embed_.file ? embed_.cols : head_.cols;
+    TORCH_CHECK(dim % 32 == 0 && ffn_dim % 32 == 0 && head_dim % 32 == 0, "native step: widths must be multiples of 32");
+    TORCH_CHECK(n_heads % n_kv_heads == 0 && (head_dim == 64 || head_dim == 128), "native step: heads of 64 or 128 only");
+    TORCH_CHECK(inv_freq_.numel() == head_dim / 2, "native step: RoPE frequencies");
+    TORCH_CHECK(head_.cols == dim && embed_cols == dim && embed_rows == head_.rows, "native step: head shape");
+    TORCH_CHECK(attention::MAX_ROWS >= n_heads / n_kv_heads, "native step: too many query heads per kv head");
   }
 
-  void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, Matrix wqkv, Matrix wo, Matrix w_gate_up,
-                 Matrix w_down, at::Tensor k_cache, at::Tensor v_cache) {
-    const int64_t qkv = dim_ + 2 * kv_heads_ * HEAD_DIM;
-    TORCH_CHECK(wqkv.rows == qkv && wqkv.cols == dim_ && wo.rows == dim_ && wo.cols == dim_ &&
+  void add_layer(at::Tensor attn_norm, at::Tensor ffn_norm, at::Tensor qkv_bias, at::Tensor q_norm, at::Tensor k_norm,
+                 Matrix wqkv, Matrix wo, Matrix w_gate_up, Matrix w_down, at::Tensor k_cache, at::Tensor v_cache) {
+    const int64_t q = heads_ * hd_, qkv = q + 2 * kv_heads_ * hd_;
+    TORCH_CHECK(wqkv.rows == qkv && wqkv.cols == dim_ && wo.rows == dim_ && wo.cols == q &&
                     w_gate_up.rows == 2 * ffn_ && w_gate_up.cols == dim_ && w_down.rows == dim_ &&
                     w_down.cols == ffn_,
                 "native step: a layer's weights have the wrong shapes");
+    TORCH_CHECK(qkv_bias.numel() == 0 || qkv_bias.numel() == qkv, "native step: the QKV bias has the wrong size");
+    TORCH_CHECK((q_norm.numel() == 0 && k_norm.numel() == 0) || (q_norm.numel() == hd_ && k_norm.numel() == hd_),
+                "native step: Q/K norms have the wrong size");
     TORCH_CHECK(k_cache.scalar_type() == at::kHalf && v_cache.scalar_type() == at::kHalf,
                 "native step: the KV cache must be f16");
-    TORCH_CHECK(k_cache.size(1) == kv_heads_ && k_cache.size(3) == HEAD_DIM && k_cache.stride(2) == 1 &&
+    TORCH_CHECK(k_cache.size(1) == kv_heads_ && k_cache.size(3) == hd_ && k_cache.stride(2) == 1 &&
                     k_cache.stride(3) % attention::LANES == 0 && v_cache.stride(3) == 1,
                 "native step: keys must be position-last (padded), values position-first");
     TORCH_CHECK(k_cache.size(2) >= max_len_ && v_cache.size(2) >= max_len_, "native step: cache too short");
-    layers_.push_back({attn_norm.contiguous(), ffn_norm.contiguous(), std::move(wqkv), std::move(wo),
-                       std::move(w_gate_up), std::move(w_down), k_cache, v_cache});
+    const auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
+    layers_.push_back({f32(attn_norm), f32(ffn_norm), f32(qkv_bias), f32(q_norm), f32(k_norm), std::move(wqkv),
+                       std::move(wo), std::move(w_gate_up), std::move(w_down), k_cache, v_cache});
   }
 
   int64_t weight_bytes() const {
-    int64_t n = head_.bytes() + (embed_.codes.is_same(head_.codes) ? 0 : embed_.bytes());
+    int64_t n = head_.bytes();
     for (const auto& l : layers_) n += l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes();
     return n;
   }
 
-  // Move every matrix into one block that the kernel may back with 2 MB pages: a step streams all
-  // the weights, and on 4 KB pages it ran slower, its two threads waiting for each other more often.
-  // Returns the block's bytes and whether madvise(MADV_HUGEPAGE) was taken.
-  std::tuple<int64_t, bool> gather_weights() {
-    constexpr int64_t HUGE_PAGE = int64_t(2) << 20, ALIGN = 64;
-    const auto up = [](int64_t n, int64_t to) { return (n + to - 1) / to * to; };
-    const bool tied = embed_.codes.is_same(head_.codes);
-    std::vector<Matrix*> all{&head_};
-    if (!tied) all.push_back(&embed_);
-    for (auto& l : layers_) all.insert(all.end(), {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down});
-    int64_t total = 0;
-    for (const Matrix* m : all) total += up(m->codes.nbytes(), ALIGN) + up(m->scales.nbytes(), ALIGN);
-    const size_t mapped = size_t(up(total, HUGE_PAGE) + HUGE_PAGE);  // room to start on a 2 MB boundary
-    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(p != MAP_FAILED, "native step: cannot map ", mapped, " bytes for the weights");
-    uint8_t* base = reinterpret_cast<uint8_t*>(up(reinterpret_cast<int64_t>(p), HUGE_PAGE));
-    const bool huge = madvise(base, size_t(up(total, HUGE_PAGE)), MADV_HUGEPAGE) == 0;  // before the first touch
-    const at::Tensor block = at::from_blob(base, {total}, [p, mapped](void*) { munmap(p, mapped); }, at::kByte);
-    int64_t offset = 0;
-    const auto move = [&](at::Tensor& t) {
-      at::Tensor view = block.narrow(0, offset, t.nbytes());
-      std::memcpy(view.data_ptr<uint8_t>(), t.data_ptr(), t.nbytes());
-      t = view.view(t.scalar_type());
-      offset += up(t.nbytes(), ALIGN);
-    };
-    for (Matrix* m : all) {
-      move(m->codes);
-      move(m->scales);
-    }
-    if (tied) embed_ = head_;
-    return {total, huge};
+  // The memory the weights live in: (address, bytes) of each distinct block (load_matrices: one).
+  std::vector<std::pair<int64_t, int64_t>> weight_storages() const {
+    std::vector<const Matrix*> all{&head_};
+    for (const auto& l : layers_) all.insert(all.end(), {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down});
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const Matrix* m : all)
+      for (const auto& p : m->parts) {
+        const auto& storage = p.codes.storage();
+        const std::pair<int64_t, int64_t> entry{reinterpret_cast<int64_t>(storage.data()), int64_t(storage.nbytes())};
+        if (std::find(out.begin(), out.end(), entry) == out.end()) out.push_back(entry);
+      }
+    return out;
   }
 
   uint64_t sleeps() const { return pool_.sleeps(); }
@@ -946,6 +509,15 @@ class Step {
   // Feed tokens [T] (int64) at positions start..start+T-1 through the first n_layers layers (all
   // when < 0); logits [T, V] of every position (all_logits) or [1, V] of the last one.
   at::Tensor forward(const at::Tensor& tokens_in, int64_t start, bool all_logits, int64_t n_layers) {
+    at::Tensor logits;
+    with_head_dim(hd_, [&](auto D) { logits = forward_<D>(tokens_in, start, all_logits, n_layers); });
+    return logits;
+  }
+
+ private:
+
+  template <int64_t HD>
+  at::Tensor forward_(const at::Tensor& tokens_in, int64_t start, bool all_logits, int64_t n_layers) {
     const at::Tensor tokens = tokens_in.to(at::kLong).contiguous().view(-1);
     const int64_t T = tokens.numel(), end = start + T, vocab = head_.rows;
     TORCH_CHECK(T > 0 && start >= 0 && end <= max_len_, "native step: positions past the cache");
@@ -955,7 +527,9 @@ class Step {
     const int64_t out_rows = all_logits ? T : 1;
     at::Tensor logits = at::empty({out_rows, vocab}, at::kFloat);
 
-    const int64_t group = heads_ / kv_heads_, kv_dim = kv_heads_ * HEAD_DIM, qkv_dim = dim_ + 2 * kv_dim;
+    const int64_t group = heads_ / kv_heads_, q_dim = heads_ * HD, kv_dim = kv_heads_ * HD;
+    const int64_t qkv_dim = q_dim + 2 * kv_dim, widest = std::max({dim_, ffn_, q_dim});
+    const float scale = 1.0f / std::sqrt(float(HD));  // as llama.cpp's kq_scale
     const int64_t nth = std::max(1, at::get_num_threads());
     // attention tasks: (kv head, tile of query tokens, chunk of positions); partials in task order
     const int64_t tile_tokens = attention::MAX_ROWS / group;
@@ -975,16 +549,26 @@ class Step {
     gu_.resize(T * 2 * ffn_);
     m_.resize(partial_rows);
     s_.resize(partial_rows);
-    acc_.resize(partial_rows * HEAD_DIM);
+    acc_.resize(partial_rows * HD);
     private_.resize(nth);
     for (auto& p : private_) {
       p.x.resize(T * dim_);
-      p.tmp.resize(std::max(dim_, ffn_));
-      p.y.resize(T * dim_);
-      p.act.resize(T, std::max(dim_, ffn_));
+      p.tmp.resize(widest);
+      p.y.resize(T * q_dim);
+      p.act.resize(T, widest);
     }
+    // each token's RoPE cos and sin, rotate-half layout [T, HD] as model.py's tables (f32 angles, as theirs)
+    cos_.resize(T * HD);
+    sin_.resize(T * HD);
+    const float* inv_freq = inv_freq_.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < HD / 2; ++i) {
+        const float angle = float(start + t) * inv_freq[i];
+        cos_[t * HD + i] = cos_[t * HD + HD / 2 + i] = std::cos(angle);
+        sin_[t * HD + i] = sin_[t * HD + HD / 2 + i] = std::sin(angle);
+      }
     float *qkv = qkv_.data(), *o = o_.data(), *gu = gu_.data();
-    const float *cos = rope_cos_.data_ptr<float>(), *sin = rope_sin_.data_ptr<float>();
+    const float *cos = cos_.data(), *sin = sin_.data();
 
     pool_.run(int(nth), [&](int tid, int n) {
       auto share = [&](int64_t total) {  // this thread's [begin, end) of `total` items
@@ -993,33 +577,45 @@ class Step {
       Private& me = private_[tid];
       float *x = me.x.data(), *tmp = me.tmp.data(), *y = me.y.data();
       Act& act = me.act;
-      for (int64_t t = 0; t < T; ++t) embed_.dequantize_row(ids[t], x + t * dim_);
+      for (int64_t t = 0; t < T; ++t) {
+        if (embed_.file)
+          embed_.row(ids[t], x + t * dim_);
+        else  // tied: the head's rows
+          head_.dequantize_row(ids[t], x + t * dim_);
+      }
 
       for (int64_t l = 0; l < L; ++l) {
         const Layer& layer = layers_[l];
-        act.set_width(dim_);
+        act.set_width(dim_, layer.wqkv);
         for (int64_t t = 0; t < T; ++t) {
           rms_norm(x + t * dim_, layer.attn_norm.data_ptr<float>(), dim_, eps_, tmp);
           act.quantize(t, tmp);
         }
-        // Q, K, V split by heads, so that each thread ropes and caches the heads it computed
+        // Q, K, V split by heads, so that each thread finishes and caches the heads it computed
         const auto [h0, h1] = share(heads_ + 2 * kv_heads_);
-        matmul(layer.wqkv, act, T, qkv, qkv_dim, h0 * HEAD_DIM / GROUP, h1 * HEAD_DIM / GROUP);
+        blocks::matmul(layer.wqkv, act, T, qkv, qkv_dim, h0 * HD / GROUP, h1 * HD / GROUP);
         auto* kc = static_cast<uint16_t*>(layer.k_cache.data_ptr());
         auto* vc = static_cast<uint16_t*>(layer.v_cache.data_ptr());
         const int64_t ks1 = layer.k_cache.stride(1), ks3 = layer.k_cache.stride(3);
         const int64_t vs1 = layer.v_cache.stride(1), vs2 = layer.v_cache.stride(2);
+        const float* bias = layer.qkv_bias.numel() ? layer.qkv_bias.data_ptr<float>() : nullptr;
+        const bool qk_norm = layer.q_norm.numel() > 0;
         for (int64_t h = h0; h < h1; ++h)
           for (int64_t t = 0; t < T; ++t) {
-            float* head = qkv + t * qkv_dim + h * HEAD_DIM;
+            float* head = qkv + t * qkv_dim + h * HD;
             const int64_t pos = start + t;
-            if (h < heads_ + kv_heads_) rope(head, cos + pos * HEAD_DIM, sin + pos * HEAD_DIM);
+            if (bias)
+              for (int64_t d = 0; d < HD; ++d) head[d] += bias[h * HD + d];
+            if (h < heads_ + kv_heads_) {
+              if (qk_norm) rms_norm(head, (h < heads_ ? layer.q_norm : layer.k_norm).data_ptr<float>(), HD, eps_, head);
+              rope(head, cos + t * HD, sin + t * HD, HD);
+            }
             if (h >= heads_ + kv_heads_) {
               uint16_t* dst = vc + (h - heads_ - kv_heads_) * vs1 + pos * vs2;
-              for (int64_t d = 0; d < HEAD_DIM; ++d) dst[d] = float_to_half(head[d]);
+              for (int64_t d = 0; d < HD; ++d) dst[d] = attention::float_to_half(head[d]);
             } else if (h >= heads_) {
               uint16_t* dst = kc + (h - heads_) * ks1 + pos;
-              for (int64_t d = 0; d < HEAD_DIM; ++d) dst[d * ks3] = float_to_half(head[d]);
+              for (int64_t d = 0; d < HD; ++d) dst[d * ks3] = attention::float_to_half(head[d]);
             }
           }
         pool_.barrier();
@@ -1028,18 +624,18 @@ class Step {
           const Task& task = tasks[i];
           const int64_t rows = group * task.tn, l0 = task.chunk * attention::CHUNK;
           const int64_t len = std::min(attention::CHUNK, start + task.t0 + task.tn - l0);
-          alignas(64) float q_rows[attention::MAX_ROWS * HEAD_DIM];
+          alignas(64) float q_rows[attention::MAX_ROWS * HD];
           int64_t visible[attention::MAX_ROWS];
           for (int64_t g = 0; g < group; ++g)
             for (int64_t i = 0; i < task.tn; ++i) {
               const int64_t r = g * task.tn + i;
-              const float* src = qkv + (task.t0 + i) * qkv_dim + (task.h * group + g) * HEAD_DIM;
-              for (int64_t d = 0; d < HEAD_DIM; ++d) q_rows[r * HEAD_DIM + d] = src[d] * 0.125f;  // 1/sqrt(64)
+              const float* src = qkv + (task.t0 + i) * qkv_dim + (task.h * group + g) * HD;
+              for (int64_t d = 0; d < HD; ++d) q_rows[r * HD + d] = src[d] * scale;
               visible[r] = std::clamp<int64_t>(start + task.t0 + i + 1 - l0, 0, len);
             }
-          attention::chunk_attention<HEAD_DIM, attention::F16>(
+          attention::chunk_attention<HD, attention::F16>(
               q_rows, rows, visible, kc + task.h * ks1 + l0, ks3, vc + task.h * vs1 + l0 * vs2, vs2, len,
-              m_.data() + task.at, s_.data() + task.at, acc_.data() + task.at * HEAD_DIM);
+              m_.data() + task.at, s_.data() + task.at, acc_.data() + task.at * HD);
         }
         pool_.barrier();
         // every thread combines every row into its own y (cheap; saves a barrier), then O
@@ -1050,17 +646,18 @@ class Step {
           for (int64_t g = 0; g < group; ++g)
             for (int64_t j = 0; j < task.tn; ++j) {
               const int64_t at = task.at + g * task.tn + j;
-              attention::combine_chunks<HEAD_DIM>(task.chunks, m_.data() + at, s_.data() + at,
-                                                  acc_.data() + at * HEAD_DIM, rows,
-                                                  y + (task.t0 + j) * dim_ + (task.h * group + g) * HEAD_DIM);
+              attention::combine_chunks<HD>(task.chunks, m_.data() + at, s_.data() + at, acc_.data() + at * HD, rows,
+                                            y + (task.t0 + j) * q_dim + (task.h * group + g) * HD);
             }
         }
-        for (int64_t t = 0; t < T; ++t) act.quantize(t, y + t * dim_);
+        act.set_width(q_dim, layer.wo);
+        for (int64_t t = 0; t < T; ++t) act.quantize(t, y + t * q_dim);
         {
           const auto [g0, g1] = share(dim_ / GROUP);
-          matmul(layer.wo, act, T, o, dim_, g0, g1);
+          blocks::matmul(layer.wo, act, T, o, dim_, g0, g1);
         }
         pool_.barrier();
+        act.set_width(dim_, layer.w_gate_up);
         for (int64_t t = 0; t < T; ++t) {
           add(x + t * dim_, o + t * dim_, dim_);
           rms_norm(x + t * dim_, layer.ffn_norm.data_ptr<float>(), dim_, eps_, tmp);
@@ -1068,10 +665,10 @@ class Step {
         }
         {
           const auto [g0, g1] = share(2 * ffn_ / GROUP);
-          matmul(layer.w_gate_up, act, T, gu, 2 * ffn_, g0, g1);
+          blocks::matmul(layer.w_gate_up, act, T, gu, 2 * ffn_, g0, g1);
         }
         pool_.barrier();
-        act.set_width(ffn_);
+        act.set_width(ffn_, layer.w_down);
         for (int64_t t = 0; t < T; ++t) {
           const float* g = gu + t * 2 * ffn_;
           for (int64_t i = 0; i < ffn_; ++i) tmp[i] = g[i] / (1.0f + attention::exp_clamped(-g[i])) * g[ffn_ + i];
@@ -1079,31 +676,31 @@ class Step {
         }
         {
           const auto [g0, g1] = share(dim_ / GROUP);
-          matmul(layer.w_down, act, T, o, dim_, g0, g1);
+          blocks::matmul(layer.w_down, act, T, o, dim_, g0, g1);
         }
         pool_.barrier();
         for (int64_t t = 0; t < T; ++t) add(x + t * dim_, o + t * dim_, dim_);
       }
 
-      act.set_width(dim_);
+      act.set_width(dim_, head_);
       const int64_t first = T - out_rows;
       for (int64_t t = first; t < T; ++t) {
         rms_norm(x + t * dim_, norm_.data_ptr<float>(), dim_, eps_, tmp);
         act.quantize(t - first, tmp);
       }
       const auto [g0, g1] = share(vocab / GROUP);
-      matmul(head_, act, out_rows, logits.data_ptr<float>(), vocab, g0, g1);
+      blocks::matmul(head_, act, out_rows, logits.data_ptr<float>(), vocab, g0, g1);
     });
     return logits;
   }
 
- private:
-  int64_t dim_, heads_, kv_heads_, ffn_, max_len_;
+  int64_t dim_, heads_, kv_heads_, hd_, ffn_, max_len_;
   float eps_;
-  at::Tensor rope_cos_, rope_sin_, norm_;
-  Matrix head_, embed_;
+  at::Tensor inv_freq_, norm_;
+  Matrix head_;
+  Embedding embed_;
   std::vector<Layer> layers_;
-  std::vector<float> qkv_, o_, gu_, m_, s_, acc_;
+  std::vector<float> qkv_, o_, gu_, m_, s_, acc_, cos_, sin_;
   std::vector<Private> private_;
   Pool pool_;
 };
@@ -1116,19 +713,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Matrix>(m, "Matrix")
       .def_readonly("rows", &Matrix::rows)
       .def_readonly("cols", &Matrix::cols)
-      .def_readonly("kind", &Matrix::kind)
+      .def("types", &Matrix::types)
       .def("nbytes", &Matrix::bytes)
-      .def("matmul", &matmul_op, py::call_guard<py::gil_scoped_release>());
-  m.def("repack", &repack, py::arg("path"), py::arg("kind"), py::arg("cols"), py::arg("parts"),
-        py::call_guard<py::gil_scoped_release>());
+      .def("matmul", &matmul_op, py::call_guard<py::gil_scoped_release>())
+      .def("dequantize", &dequantize_op, py::call_guard<py::gil_scoped_release>());
+  m.def("repack", &repack, py::arg("path"), py::arg("cols"), py::arg("parts"), py::call_guard<py::gil_scoped_release>());
+  m.def("load_matrices", &load_matrices, py::arg("path"), py::arg("specs"), py::call_guard<py::gil_scoped_release>());
   py::class_<Step>(m, "Step")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, double, at::Tensor, at::Tensor, at::Tensor, Matrix, Matrix>())
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, at::Tensor, at::Tensor, Matrix,
+                    std::optional<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>>>())
       .def("add_layer", &Step::add_layer)
       .def("weight_bytes", &Step::weight_bytes)
-      .def("gather_weights", &Step::gather_weights)
+      .def("weight_storages", &Step::weight_storages)
       .def("sleeps", &Step::sleeps)
       .def("lost_wakes", &Step::lost_wakes)
       .def("forward", &Step::forward, py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
            py::arg("n_layers") = -1, py::call_guard<py::gil_scoped_release>());
-  m.def("isa", &isa);
+  m.def("isa", &lingcode::blocks::isa);
 }

@@ -1,6 +1,7 @@
 """The native CPU step (cpu_step.cpp): the whole model's forward pass in one call, on the GGUF's
-own 4/8-bit blocks, repacked once at load. Available for GGUF files whose matrices are Q4_0, Q4_1
-or Q8_0 and whose heads are 64 wide, where lingcode's native code builds (cpu_native.py)."""
+own blocks (cpu_blocks.h), repacked once at load. Available for GGUF files whose matrices are in a
+type it reads (NATIVE_TYPES) and whose heads are 64 or 128 wide, where lingcode's native code
+builds (cpu_native.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from lingcode.engine.local import cpu_native
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.weights import Checkpoint
 
-NATIVE_TYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}  # ggml type ids the step reads
+# ggml type ids the step reads, and the weights per block of each (a row holds whole blocks)
+NATIVE_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+BLOCK_WEIGHTS = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 12: 256, 13: 256, 14: 256}
+HEAD_DIMS = (64, 128)
 
 
 class Unavailable(Exception):
@@ -18,8 +22,11 @@ class Unavailable(Exception):
 
 
 def _unpermute_order(rows: int, n_heads: int) -> torch.Tensor:
-    """GGUF stores Q and K rows for interleaved-pair RoPE; the step uses rotate-half, as model.py."""
+    """Llama's GGUF stores Q and K rows for interleaved-pair RoPE; the step uses rotate-half, as model.py."""
     return torch.arange(rows).view(n_heads, rows // n_heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def unavailable(checkpoint: Checkpoint) -> str | None:
@@ -27,26 +34,22 @@ def unavailable(checkpoint: Checkpoint) -> str | None:
     cfg, stored = checkpoint.config, checkpoint.gguf_tensors
     if checkpoint.gguf_path is None:
         return "the model is not a GGUF file"
-    if cfg.head_dim != 64 or cfg.dim % 32 or cfg.ffn_dim % 32:
-        return f"heads of {cfg.head_dim}, width {cfg.dim}, {cfg.ffn_dim} (the native step has heads of 64, widths of 32s)"
-    names = [f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in _FUSED_NAMES]
+    if cfg.head_dim not in HEAD_DIMS or cfg.dim % 32 or cfg.ffn_dim % 32:
+        return f"heads of {cfg.head_dim}, width {cfg.dim}, {cfg.ffn_dim} (the native step has heads of 64 or 128, widths of 32s)"
+    if cfg.n_heads // cfg.n_kv_heads > 64:
+        return f"{cfg.n_heads // cfg.n_kv_heads} query heads per key head (the native step takes up to 64)"
+    names = [f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in _MATRICES]
     names += ["tok_embeddings"] + ([] if cfg.tied_embeddings else ["output"])
     for name in names:
         if name not in stored:
             return f"no {name} in the file"
-        if stored[name].type not in NATIVE_TYPES or stored[name].rows % 16:
-            return (f"{name} is stored as ggml type {stored[name].type} with {stored[name].rows} rows; the native "
+        t = stored[name]
+        if t.type not in NATIVE_TYPES or t.rows % 16 or t.cols % BLOCK_WEIGHTS[t.type]:
+            return (f"{name} is stored as ggml type {t.type} with {t.rows} rows; the native "
                     f"step reads {', '.join(NATIVE_TYPES.values())} in multiples of 16 rows")  # fmt: skip
-    for i in range(cfg.n_layers):
-        for fused in (("wq", "wk", "wv"), ("w_gate", "w_up")):
-            if len({stored[f"layers.{i}.{n}"].type for n in fused}) != 1:
-                return f"layer {i}'s {'/'.join(fused)} are stored in different types"
     if cpu_native.load() is None:
         return "lingcode's native CPU code is not built (see the log above)"
     return None
-
-
-_FUSED_NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def build(checkpoint: Checkpoint, model: Transformer):
@@ -58,26 +61,32 @@ def build(checkpoint: Checkpoint, model: Transformer):
         raise Unavailable("the model's KV cache is not f16")
     lib = cpu_native.load()
     stored, cfg = checkpoint.gguf_tensors, checkpoint.config
+    permuted = cfg.architecture.gguf_rope_interleaved
     path = str(checkpoint.gguf_path)
 
-    def matrix(*names: str):
-        types = {stored[n].type for n in names}
+    def matrix(*names: str):  # (cols, parts) for load_matrices
         parts = []
         for name in names:
             t = stored[name]
-            heads = {"wq": cfg.n_heads, "wk": cfg.n_kv_heads}.get(name.rsplit(".", 1)[-1])
-            parts.append((t.offset, t.rows, _unpermute_order(t.rows, heads) if heads else None))
-        return lib.repack(path, next(iter(types)), stored[names[0]].cols, parts)
+            heads = {"wq": cfg.n_heads, "wk": cfg.n_kv_heads}.get(name.rsplit(".", 1)[-1]) if permuted else None
+            parts.append((t.type, t.offset, t.rows, _unpermute_order(t.rows, heads) if heads else None))
+        return stored[names[0]].cols, parts
 
-    embed = matrix("tok_embeddings")
-    head = embed if cfg.tied_embeddings else matrix("output")
-    step = lib.Step(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.norm_eps, model.rope_cos.float(),
-                    model.rope_sin.float(), model.norm.weight.float(), head, embed)  # fmt: skip
+    specs = [matrix("tok_embeddings" if cfg.tied_embeddings else "output")]
+    specs += [matrix(*names) for i in range(cfg.n_layers)
+              for names in ((f"layers.{i}.wq", f"layers.{i}.wk", f"layers.{i}.wv"), (f"layers.{i}.wo",),
+                            (f"layers.{i}.w_gate", f"layers.{i}.w_up"), (f"layers.{i}.w_down",))]  # fmt: skip
+    matrices = lib.load_matrices(path, specs)  # one block of memory for all of them
+    head = matrices.pop(0)
+    t = stored["tok_embeddings"]  # untied: its rows are read from the file as tokens come
+    embedding = None if cfg.tied_embeddings else (path, t.type, t.offset, t.rows, t.cols)
+    step = lib.Step(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.norm_eps, model.max_len,
+                    model.inv_freq, model.norm.weight, head, embedding)  # fmt: skip
+    empty = torch.empty(0)
     for i, layer in enumerate(model.layers):
-        p = f"layers.{i}."
-        cache = layer.attn.kv_cache
-        step.add_layer(layer.attn_norm.weight.float(), layer.ffn_norm.weight.float(),
-                       matrix(p + "wq", p + "wk", p + "wv"), matrix(p + "wo"),
-                       matrix(p + "w_gate", p + "w_up"), matrix(p + "w_down"), cache.k, cache.v)  # fmt: skip
-    step.gather_weights()
+        attn, cache = layer.attn, layer.attn.kv_cache
+        bias = attn.wqkv.bias if attn.wqkv.bias is not None else empty
+        norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (empty, empty)
+        step.add_layer(layer.attn_norm.weight, layer.ffn_norm.weight, bias, *norms, *matrices[4 * i : 4 * i + 4],
+                       cache.k, cache.v)  # fmt: skip
     return step

@@ -574,8 +574,9 @@ def _time_first_chunk(run: _Run) -> None:
 
 def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, kernels: str = "torch") -> Transformer:
     """The checkpoint's weights as the engine runs them on this device with these kernels (no KV cache yet)."""
-    model = Transformer.from_weights(checkpoint.config, checkpoint.weights, dtype, device)
-    if device.type == "cpu" and kernels == "native":  # the native step reads the file's blocks itself
+    native = device.type == "cpu" and kernels == "native"
+    model = Transformer.from_weights(checkpoint.config, checkpoint.weights, dtype, device, matrices=not native)
+    if native:  # the native step reads the file's blocks itself
         model.use_native_step()
     elif device.type == "cpu":  # bf16 matmuls, the file's 4-bit weights for decoding (quantized.py)
         model.use_cpu_matmuls(checkpoint.q4)

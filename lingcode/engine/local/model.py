@@ -7,6 +7,9 @@ larger matmuls mean fewer passes and fewer kernel launches.
 
 from __future__ import annotations
 
+import math
+import mmap
+from collections.abc import Mapping
 from contextlib import nullcontext
 
 import torch
@@ -53,14 +56,15 @@ class KVCache(nn.Module):
     def __init__(self, max_len: int, n_kv_heads: int, head_dim: int, dtype, device, transposed_keys: bool = False):
         super().__init__()
         shape = (1, n_kv_heads, max_len, head_dim)
+        alloc = zeros_as_written if torch.device(device).type == "cpu" else torch.zeros
         if transposed_keys:
             padded = -(-max_len // 16) * 16
-            k = torch.zeros((1, n_kv_heads, head_dim, padded), dtype=dtype, device=device).transpose(2, 3)
+            k = alloc((1, n_kv_heads, head_dim, padded), dtype=dtype, device=device).transpose(2, 3)
             k = k[:, :, :max_len]
         else:
-            k = torch.zeros(shape, dtype=dtype, device=device)
+            k = alloc(shape, dtype=dtype, device=device)
         self.register_buffer("k", k, persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", alloc(shape, dtype=dtype, device=device), persistent=False)
 
     def update(self, where: int | Tensor, k: Tensor, v: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
         """Write k, v at positions `where` (a start, or a tensor of positions: no host value, so a
@@ -72,6 +76,19 @@ class KVCache(nn.Module):
             self.k.index_copy_(2, where, k)
             self.v.index_copy_(2, where, v)
         return self.k[:, :, :kv_len], self.v[:, :, :kv_len]
+
+
+def zeros_as_written(shape, dtype, device=None) -> Tensor:
+    """CPU zeros whose memory the system provides page by page as they are first written (an anonymous
+    mapping; untouched pages read as zeros and cost nothing): a 32K-position KV cache costs the memory
+    of the positions used. Never in 2 MB pages, which the system may use for large allocations: a
+    token's keys (position-last) touch every 64 KB row of a layer's keys, so those would all be
+    taken at the first token."""
+    size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    mapping = mmap.mmap(-1, max(size, 1))
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mapping.madvise(mmap.MADV_NOHUGEPAGE)
+    return torch.frombuffer(mapping, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 ROW_EXACT_BUCKET = 128  # row-exact attention (below) attends over a multiple of this many entries
@@ -116,9 +133,12 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        self.wqkv = nn.Linear(cfg.dim, q + 2 * kv, bias=False)
+        self.wqkv = nn.Linear(cfg.dim, q + 2 * kv, bias=cfg.architecture.qkv_bias)
         self.wo = nn.Linear(q, cfg.dim, bias=False)
         self.split = (q, kv, kv)
+        self.qk_norm = cfg.architecture.qk_norm
+        if self.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps), RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.kv_cache: KVCache | None = None
         self.row_exact = False  # row_exact_attention for masked steps (the CPU's decode and verify, f32 cache)
 
@@ -128,6 +148,8 @@ class Attention(nn.Module):
         q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k, v = self.kv_cache.update(where, k, v, kv_len)
@@ -177,26 +199,44 @@ class Transformer(nn.Module):
         self.max_len = 0
         self.row_exact_rows = 0  # steps of up to this many tokens use row_exact_attention (CPU)
         self.kv_dtype: torch.dtype | None = None  # the KV cache's dtype when not the weights' (CPU: f16)
+        self.rope_tables = True  # cos and sin of every position (forward() reads them)
+        self.int4_matmuls = False  # every CPU matmul has the file's 4-bit codes for narrow steps (use_cpu_matmuls)
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, weights: dict[str, Tensor], dtype, device) -> "Transformer":
+    def from_weights(cls, cfg: ModelConfig, weights: Mapping[str, Tensor], dtype, device,
+                     matrices: bool = True) -> "Transformer":  # fmt: skip
+        """matrices=False: the matrices and embeddings left empty, never read from `weights` (the
+        native step reads the file's blocks itself; forward() cannot run)."""
         with torch.device("meta"):
             model = cls(cfg)
-        state = {"tok_embeddings.weight": weights["tok_embeddings"], "norm.weight": weights["norm"]}
-        state["output.weight"] = weights["tok_embeddings" if cfg.tied_embeddings else "output"]
+        arch = cfg.architecture
+        state = {"norm.weight": weights["norm"]}
+        matrix = {"tok_embeddings.weight": ("tok_embeddings",),
+                  "output.weight": ("tok_embeddings" if cfg.tied_embeddings else "output",)}  # fmt: skip
         for i in range(cfg.n_layers):
-            w = lambda name: weights[f"layers.{i}.{name}"]  # noqa: E731
             p = f"layers.{i}."
+            w = lambda name: weights[p + name]  # noqa: E731
             state[p + "attn_norm.weight"] = w("attn_norm")
             state[p + "ffn_norm.weight"] = w("ffn_norm")
-            state[p + "attn.wqkv.weight"] = torch.cat([w("wq"), w("wk"), w("wv")])
-            state[p + "attn.wo.weight"] = w("wo")
-            state[p + "ffn.w_gate_up.weight"] = torch.cat([w("w_gate"), w("w_up")])
-            state[p + "ffn.w_down.weight"] = w("w_down")
+            if arch.qkv_bias:
+                state[p + "attn.wqkv.bias"] = torch.cat([w("bq"), w("bk"), w("bv")])
+            if arch.qk_norm:
+                state[p + "attn.q_norm.weight"], state[p + "attn.k_norm.weight"] = w("q_norm"), w("k_norm")
+            matrix[p + "attn.wqkv.weight"] = (p + "wq", p + "wk", p + "wv")
+            matrix[p + "attn.wo.weight"] = (p + "wo",)
+            matrix[p + "ffn.w_gate_up.weight"] = (p + "w_gate", p + "w_up")
+            matrix[p + "ffn.w_down.weight"] = (p + "w_down",)
+        if matrices:
+            state.update({key: torch.cat([weights[n] for n in names]) for key, names in matrix.items()})
         state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
-        model.load_state_dict(state, assign=True, strict=True)
-        if cfg.tied_embeddings:  # one tensor, not two copies
+        model.load_state_dict(state, assign=True, strict=matrices)
+        if matrices and cfg.tied_embeddings:  # one tensor, not two copies
             model.output.weight = model.tok_embeddings.weight
+        if not matrices:  # left on the meta device: never read
+            empty = nn.Parameter(torch.empty(0, device=device, dtype=dtype), requires_grad=False)
+            for key in matrix:
+                owner, _, name = key.rpartition(".")
+                setattr(model.get_submodule(owner), name, empty)
         return model.eval().requires_grad_(False)
 
     def use_cpu_matmuls(self, q4: dict[str, list[Q4Weight]]) -> None:
@@ -204,13 +244,16 @@ class Transformer(nn.Module):
         codes where it has them; see quantized.py for why and the measurements."""
         fused = {"attn.wqkv": ("wq", "wk", "wv"), "attn.wo": ("wo",),
                  "ffn.w_gate_up": ("w_gate", "w_up"), "ffn.w_down": ("w_down",)}  # fmt: skip
+        self.int4_matmuls = "output" in q4
         for i, layer in enumerate(self.layers):
             for path, names in fused.items():
                 owner_name, attr = path.split(".")
                 owner = layer.get_submodule(owner_name)
                 parts = [q4.get(f"layers.{i}.{name}", []) for name in names]
                 packed = [Q4Weight.cat([p[0] for p in parts])] if all(len(p) == 1 for p in parts) else []
-                setattr(owner, attr, CpuLinear(getattr(owner, attr).weight, packed))
+                self.int4_matmuls &= bool(packed)
+                linear = getattr(owner, attr)
+                setattr(owner, attr, CpuLinear(linear.weight, packed, linear.bias))
             layer.attn.row_exact = True
         self.output = CpuLinear(self.output.weight, q4.get("output", []))
         self.row_exact_rows = MAX_QUANTIZED_ROWS
@@ -218,14 +261,10 @@ class Transformer(nn.Module):
             self.kv_dtype = torch.float16
 
     def use_native_step(self) -> None:
-        """For the native step (cpu_step.cpp), which reads the file's blocks itself: an f16 cache, and
-        no dense copy of the matrices and embeddings, which it never reads (forward() cannot run)."""
-        empty = nn.Parameter(torch.empty(0), requires_grad=False)
-        for layer in self.layers:
-            layer.attn.wqkv.weight = layer.attn.wo.weight = empty
-            layer.ffn.w_gate_up.weight = layer.ffn.w_down.weight = empty
-        self.tok_embeddings.weight = self.output.weight = empty
+        """For the native step (cpu_step.cpp), built with from_weights(matrices=False): an f16 cache,
+        and no RoPE tables (the step computes each position's angles itself)."""
         self.kv_dtype = torch.float16
+        self.rope_tables = False
 
     def setup_cache(self, max_len: int, transposed_keys: bool | None = None) -> None:
         """A KV cache for max_len positions; keys stored position-last on the CPU unless told (KVCache)."""
@@ -236,12 +275,13 @@ class Transformer(nn.Module):
         dtype = (self.kv_dtype if transposed_keys else None) or weight.dtype  # cpu_attention reads keys position-last
         for layer in self.layers:
             layer.attn.kv_cache = KVCache(max_len, cfg.n_kv_heads, cfg.head_dim, dtype, weight.device,
-                                          transposed_keys)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        self.rope_cos = angles.cos().to(device=weight.device, dtype=weight.dtype)
-        self.rope_sin = angles.sin().to(device=weight.device, dtype=weight.dtype)
+                                          transposed_keys)  # fmt: skip
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        if self.rope_tables:
+            angles = torch.outer(torch.arange(max_len, dtype=torch.float32), self.inv_freq)
+            angles = torch.cat([angles, angles], dim=-1)
+            self.rope_cos = angles.cos().to(device=weight.device, dtype=weight.dtype)
+            self.rope_sin = angles.sin().to(device=weight.device, dtype=weight.dtype)
         self.max_len = max_len
 
     def forward(self, tokens: Tensor, start: int, all_logits: bool = False, n_layers: int | None = None) -> Tensor:

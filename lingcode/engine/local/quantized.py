@@ -76,10 +76,11 @@ class CpuLinear(nn.Module):
     activations, norms and attention stay f32).
     """
 
-    def __init__(self, dense: Tensor, parts: list[Q4Weight] = ()):
+    def __init__(self, dense: Tensor, parts: list[Q4Weight] = (), bias: Tensor | None = None):
         super().__init__()
         self.weight = dense.to(torch.bfloat16)  # [N, K]
         self.packed = [_pack(part) for part in parts]  # W = the sum of these 4-bit parts
+        self.bias = bias  # f32, added to y in f32 (Qwen2's QKV)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.numel() // x.shape[-1]
@@ -90,7 +91,8 @@ class CpuLinear(nn.Module):
             y = parts[0] if len(parts) == 1 else sum(part.float() for part in parts)
         else:
             y = nn.functional.linear(flat, self.weight)
-        return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+        y = y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+        return y if self.bias is None else y + self.bias
 
 
 def _pack(q4: Q4Weight) -> tuple[Tensor, Tensor]:

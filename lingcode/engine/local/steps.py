@@ -76,6 +76,13 @@ class TorchCpuStep(TorchStep):
     def __init__(self, model: Transformer, compile: bool = False):
         super().__init__(model, torch.device("cpu"))
         self.name = "torch-cpu-compiled" if compile else "torch-cpu"
+        # Narrow steps are row-exact only on the int4 kernel, which takes Q4_1 / Q8_0 files' blocks;
+        # other files' matrices run as bf16 GEMMs, whose result for a row may change with the rows
+        # beside it: there drafting is off, lossless or not at all.
+        self.drafts = model.int4_matmuls
+        if not self.drafts:
+            log.warning("the torch CPU step on this file's block types: no drafts (its verify steps would not be "
+                        "bit-exact with plain decoding); the native step drafts on every type")  # fmt: skip
         self.widths = range(1, model.row_exact_rows + 1)
         self.narrow = compile_narrow_step(model) if compile else None
 
@@ -87,6 +94,8 @@ class TorchCpuStep(TorchStep):
 
     def draft_room(self, pos: int, fed: int) -> int:
         model = self.model
+        if not self.drafts:
+            return 0
         end = model.max_len if model.kv_dtype else row_exact_kv_len(pos + fed, model.max_len)
         return max(0, min(model.row_exact_rows, end - pos) - fed)
 

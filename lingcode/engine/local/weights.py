@@ -7,6 +7,7 @@ not kept: we use short names of our own), so model.py has one code path whatever
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,30 @@ import torch
 
 from lingcode.engine.local.quantized import Q4Weight, q4_from_blocks, q8_from_blocks
 from lingcode.text.tokenizer import Tokenizer, load_hf_tokenizer_config
+
+
+# --- architectures ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What a model family's layers have beyond Llama's: the one place the engine's backends
+    (model.py, cpu_step, triton_step) learn how an architecture differs."""
+
+    qkv_bias: bool = False  # Q, K and V projections add a bias
+    qk_norm: bool = False  # an RMSNorm (per head, head_dim weights) on Q and K before RoPE
+    # GGUF stores Q/K rows for interleaved-pair RoPE (llama.cpp's converter permutes Llama's);
+    # others are stored as trained, for rotate-half (NeoX) RoPE, which is what every backend runs
+    gguf_rope_interleaved: bool = False
+
+
+ARCHITECTURES = {
+    "llama": Architecture(gguf_rope_interleaved=True),
+    "qwen2": Architecture(qkv_bias=True),
+    "qwen3": Architecture(qk_norm=True),
+}
+# Hugging Face config.json model_type -> our architecture
+_HF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 @dataclass(frozen=True)
@@ -29,17 +54,25 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tied_embeddings: bool = True
+    arch: str = "llama"
+    head_dim: int = 0  # 0: dim / n_heads (Qwen3 sets its own)
+
+    def __post_init__(self):
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"architecture {self.arch!r} is not one the local engine loads ({', '.join(ARCHITECTURES)})")
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def architecture(self) -> Architecture:
+        return ARCHITECTURES[self.arch]
 
 
 @dataclass(frozen=True)
 class GgufTensor:
     """Where a tensor's blocks are in a GGUF file, for code that reads them as stored (cpu_step.py)."""
 
-    type: int  # ggml's type id (GGMLQuantizationType): 2 Q4_0, 3 Q4_1, 8 Q8_0, ...
+    type: int  # ggml's type id (GGMLQuantizationType): 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, ...
     rows: int
     cols: int
     offset: int  # of its data, from the file's start
@@ -49,14 +82,14 @@ class GgufTensor:
 class Checkpoint:
     name: str
     config: ModelConfig
-    weights: dict[str, torch.Tensor]  # float32, our names (see model.py)
+    weights: Mapping[str, torch.Tensor]  # float32, our names (see model.py); a GGUF's are read when asked for
     tokenizer: Tokenizer
     chat_template: str | None
     bos_token: str | None
     eos_token_ids: tuple[int, ...]
     eos_token: str | None
     # GGUF Q4_1 / Q8_0 weights as stored, each as a sum of 4-bit parts (quantized.py); "output": the head
-    q4: dict[str, list[Q4Weight]] = field(default_factory=dict)
+    q4: Mapping[str, list[Q4Weight]] = field(default_factory=dict)
     gguf_path: Path | None = None
     gguf_tensors: dict[str, GgufTensor] = field(default_factory=dict)  # our names, as in weights
 
@@ -73,12 +106,18 @@ _GGUF_NAMES = {
     "attn_q.weight": "wq",
     "attn_k.weight": "wk",
     "attn_v.weight": "wv",
+    "attn_q.bias": "bq",
+    "attn_k.bias": "bk",
+    "attn_v.bias": "bv",
+    "attn_q_norm.weight": "q_norm",
+    "attn_k_norm.weight": "k_norm",
     "attn_output.weight": "wo",
     "ffn_norm.weight": "ffn_norm",
     "ffn_gate.weight": "w_gate",
     "ffn_up.weight": "w_up",
     "ffn_down.weight": "w_down",
 }
+_GGUF_TOP = {"token_embd.weight": "tok_embeddings", "output_norm.weight": "norm", "output.weight": "output"}
 
 
 _END_TOKENS = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|end_of_text|>", "<|role_end|>"}
@@ -100,20 +139,92 @@ def _gguf_field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
+def _our_name(gguf_name: str) -> str | None:
+    if gguf_name in _GGUF_TOP:
+        return _GGUF_TOP[gguf_name]
+    if gguf_name.startswith("blk."):
+        _, layer, rest = gguf_name.split(".", 2)
+        if rest in _GGUF_NAMES:
+            return f"layers.{layer}.{_GGUF_NAMES[rest]}"
+    return None  # e.g. rope_freqs: not used by Llama-2-style RoPE
+
+
+class _GgufWeights(Mapping):
+    """A GGUF's tensors by our names, each dequantized to f32 (and its rows put in rotate-half order)
+    when asked for. The native CPU step reads the file's blocks itself and never asks for a matrix,
+    so loading a model for it makes no dense copy (6 GB of f32 for a 1.5B model)."""
+
+    def __init__(self, tensors: dict, config: ModelConfig):
+        self._tensors, self._config = tensors, config
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        t = self._tensors[key]
+        # GGUF shapes are reversed (fastest dim first); dequantize returns the numpy (row-major) shape.
+        array = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
+        tensor = torch.from_numpy(array).reshape(*reversed([int(d) for d in t.shape]))
+        heads = _rope_rows(key, self._config)
+        return tensor if heads is None else _unpermute(tensor, heads)
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def _rope_rows(key: str, config: ModelConfig) -> int | None:
+    """The head count whose rows llama.cpp permuted in this tensor, or None."""
+    if not config.architecture.gguf_rope_interleaved:
+        return None
+    return {"wq": config.n_heads, "bq": config.n_heads, "wk": config.n_kv_heads, "bk": config.n_kv_heads}.get(
+        key.rsplit(".", 1)[-1]
+    )
+
+
+class _GgufQ4(Mapping):
+    """The Q4_1 layer matrices and the Q4_1 / Q8_0 head as 4-bit parts (quantized.py), for the
+    torch CPU step's int4 kernel; parsed when asked for."""
+
+    def __init__(self, tensors: dict, config: ModelConfig, head: str):
+        self._config, self._head = config, head
+        self._tensors = {k: t for k, t in tensors.items() if t.tensor_type.name == "Q4_1" and len(t.shape) == 2
+                         and k.startswith("layers.")}  # fmt: skip
+        if head in tensors and tensors[head].tensor_type.name in ("Q4_1", "Q8_0"):
+            self._tensors["output"] = tensors[head]
+
+    def __getitem__(self, key: str) -> list[Q4Weight]:
+        t = self._tensors[key]
+        cols, rows = (int(d) for d in t.shape)
+        if t.tensor_type.name == "Q8_0":
+            return q8_from_blocks(t.data, rows, cols)
+        part = q4_from_blocks(t.data, rows, cols)
+        heads = _rope_rows(key, self._config)
+        return [part if heads is None else part.permute_rows(_unpermute_order(rows, heads))]
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
 def _load_gguf(path: Path) -> Checkpoint:
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     reader = GGUFReader(str(path))
     arch = _gguf_field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path.name}: architecture {arch!r} is not supported by the local engine (llama only)")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path.name}: architecture {arch!r} is not supported by the local engine "
+                         f"({', '.join(ARCHITECTURES)})")  # fmt: skip
 
     def meta(key, default=None):
         return _gguf_field(reader, f"{arch}.{key}", default)
 
     tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
     n_heads = meta("attention.head_count")
+    names = {t.name for t in reader.tensors}
     config = ModelConfig(
         n_layers=meta("block_count"),
         dim=meta("embedding_length"),
@@ -124,46 +235,22 @@ def _load_gguf(path: Path) -> Checkpoint:
         context_length=meta("context_length"),
         rope_theta=float(meta("rope.freq_base", 10000.0)),
         norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
-        tied_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        tied_embeddings="output.weight" not in names,
+        arch=arch,
+        head_dim=meta("attention.key_length", 0),
     )
+    if meta("rope.scaling.type", "none") not in ("none", None) or meta("rope.dimension_count", config.head_dim) != config.head_dim:
+        raise ValueError(f"{path.name}: RoPE scaling or partial RoPE is not supported by the local engine")
 
-    weights: dict[str, torch.Tensor] = {}
-    q4: dict[str, list[Q4Weight]] = {}
-    stored: dict[str, GgufTensor] = {}
-    head = "output.weight" if any(t.name == "output.weight" for t in reader.tensors) else "token_embd.weight"
-    for t in reader.tensors:
-        # GGUF shapes are reversed (fastest dim first); dequantize returns the numpy (row-major) shape.
-        array = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
-        tensor = torch.from_numpy(array).reshape(*reversed([int(d) for d in t.shape]))
-        name = t.name
-        key = {"token_embd.weight": "tok_embeddings", "output_norm.weight": "norm", "output.weight": "output"}.get(name)
-        if name.startswith("blk.") and name.split(".", 2)[2] in _GGUF_NAMES:
-            key = f"layers.{name.split('.')[1]}.{_GGUF_NAMES[name.split('.', 2)[2]]}"
-        if key is not None and tensor.dim() <= 2:
-            rows, cols = (1, *tensor.shape) if tensor.dim() == 1 else tensor.shape
+    tensors = {key: t for t in reader.tensors if (key := _our_name(t.name)) is not None}
+    stored = {}
+    for key, t in tensors.items():
+        shape = [int(d) for d in t.shape]
+        if len(shape) <= 2:
+            cols, rows = (shape + [1])[:2]
             stored[key] = GgufTensor(int(t.tensor_type), rows, cols, int(t.data_offset))
-        if name == head and t.tensor_type.name in ("Q4_1", "Q8_0"):
-            parse = q4_from_blocks if t.tensor_type.name == "Q4_1" else q8_from_blocks
-            q4["output"] = [parse(t.data, *tensor.shape)] if parse is q4_from_blocks else parse(t.data, *tensor.shape)
-        if name == "token_embd.weight":
-            weights["tok_embeddings"] = tensor
-        elif name == "output_norm.weight":
-            weights["norm"] = tensor
-        elif name == "output.weight":
-            weights["output"] = tensor
-        elif name.startswith("blk."):
-            _, layer, rest = name.split(".", 2)
-            if rest not in _GGUF_NAMES:
-                continue  # e.g. rope_freqs: not used by Llama-2-style RoPE
-            key = f"layers.{layer}.{_GGUF_NAMES[rest]}"
-            if t.tensor_type.name == "Q4_1" and tensor.dim() == 2:
-                q4[key] = [q4_from_blocks(t.data, *tensor.shape)]
-            heads = {"attn_q.weight": config.n_heads, "attn_k.weight": config.n_kv_heads}.get(rest)
-            if heads is not None:
-                tensor = _unpermute(tensor, heads)
-                if key in q4:
-                    q4[key] = [q4[key][0].permute_rows(_unpermute_order(tensor.shape[0], heads))]
-            weights[key] = tensor
+    _check_tensors(path, config, tensors)
+    head = "output" if "output" in tensors else "tok_embeddings"
 
     fields = {
         key: _gguf_field(reader, key)
@@ -181,16 +268,39 @@ def _load_gguf(path: Path) -> Checkpoint:
     return Checkpoint(
         name=str(name),
         config=config,
-        weights=weights,
+        weights=_GgufWeights(tensors, config),
         tokenizer=tokenizer,
         chat_template=_gguf_field(reader, "tokenizer.chat_template"),
         bos_token=tokens[bos_id] if bos_id is not None else None,
         eos_token_ids=tuple(dict.fromkeys(eos_ids)),
         eos_token=tokens[eos_id] if eos_id is not None else None,
-        q4=q4,
+        q4=_GgufQ4(tensors, config, head),
         gguf_path=path,
         gguf_tensors=stored,
     )
+
+
+def _check_tensors(path: Path, config: ModelConfig, tensors: dict) -> None:
+    """Every tensor the architecture needs is in the file, with the shape the config implies."""
+    cfg, arch = config, config.architecture
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes = {"attn_norm": [cfg.dim], "ffn_norm": [cfg.dim], "wq": [q, cfg.dim], "wk": [kv, cfg.dim],
+              "wv": [kv, cfg.dim], "wo": [cfg.dim, q], "w_gate": [cfg.ffn_dim, cfg.dim],
+              "w_up": [cfg.ffn_dim, cfg.dim], "w_down": [cfg.dim, cfg.ffn_dim]}  # fmt: skip
+    if arch.qkv_bias:
+        shapes.update(bq=[q], bk=[kv], bv=[kv])
+    if arch.qk_norm:
+        shapes.update(q_norm=[cfg.head_dim], k_norm=[cfg.head_dim])
+    expected = {"tok_embeddings": [cfg.vocab_size, cfg.dim], "norm": [cfg.dim]}
+    if not cfg.tied_embeddings:
+        expected["output"] = [cfg.vocab_size, cfg.dim]
+    expected.update({f"layers.{i}.{n}": s for i in range(cfg.n_layers) for n, s in shapes.items()})
+    for key, shape in expected.items():
+        if key not in tensors:
+            raise ValueError(f"{path.name}: no tensor for {key} ({cfg.arch} needs it)")
+        got = list(reversed([int(d) for d in tensors[key].shape]))
+        if got != shape:
+            raise ValueError(f"{path.name}: {key} has shape {got}, expected {shape}")
 
 
 # --- Hugging Face directory ---------------------------------------------------------------------
@@ -200,6 +310,11 @@ _HF_NAMES = {
     "self_attn.q_proj.weight": "wq",
     "self_attn.k_proj.weight": "wk",
     "self_attn.v_proj.weight": "wv",
+    "self_attn.q_proj.bias": "bq",
+    "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
     "self_attn.o_proj.weight": "wo",
     "post_attention_layernorm.weight": "ffn_norm",
     "mlp.gate_proj.weight": "w_gate",
@@ -213,10 +328,12 @@ def _load_hf_dir(path: Path) -> Checkpoint:
 
     hf = json.loads((path / "config.json").read_text())
     archs = hf.get("architectures") or []
-    if hf.get("model_type") not in ("llama", "mistral", "qwen2") and "LlamaForCausalLM" not in archs:
-        raise ValueError(f"{path}: model_type {hf.get('model_type')!r} is not supported (Llama family only)")
-    if hf.get("attention_bias") or hf.get("model_type") == "qwen2":
-        raise ValueError(f"{path}: attention biases are not supported by the local engine")
+    arch = _HF_ARCHITECTURES.get(hf.get("model_type"), "llama" if "LlamaForCausalLM" in archs else None)
+    if arch is None:
+        raise ValueError(f"{path}: model_type {hf.get('model_type')!r} is not supported "
+                         f"({', '.join(_HF_ARCHITECTURES)})")  # fmt: skip
+    if bool(hf.get("attention_bias", arch == "qwen2")) != ARCHITECTURES[arch].qkv_bias:
+        raise ValueError(f"{path}: attention biases are not supported for {arch} by the local engine")
     n_heads = hf["num_attention_heads"]
     config = ModelConfig(
         n_layers=hf["num_hidden_layers"],
@@ -229,6 +346,8 @@ def _load_hf_dir(path: Path) -> Checkpoint:
         rope_theta=float(hf.get("rope_theta", 10000.0)),
         norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
         tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        arch=arch,
+        head_dim=hf.get("head_dim") or 0,
     )
     if hf.get("rope_scaling"):
         raise ValueError(f"{path}: rope_scaling is not supported by the local engine")

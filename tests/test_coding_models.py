@@ -1,0 +1,80 @@
+"""A model that codes, end to end in the embedded engine: Qwen2.5-Coder-0.5B-Instruct (qwen2: QKV
+biases, GQA 14/2, Q5_0, Q8_0, Q4_K and Q6_K blocks, a 151,936-token BPE vocabulary) on the native CPU
+step. It answers a coding question with code, fills in the middle of a function, drafts losslessly,
+and, where the llama.cpp peer is built, gives llama.cpp's logits on the same file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lingcode.engine import SamplingParams
+from lingcode.text.chat_template import render_chat
+from test_cpu_step import GO_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+LLAMA_CPP_PYTHON = REPO / ".venv-llama-cpp" / "bin" / "python"
+
+
+async def generate(engine, ids: list[int], max_tokens: int, speculation: str = "off") -> list[int]:
+    engine.set_speculation(speculation)
+    engine.reset_cache()
+    out: list[int] = []
+    try:
+        async for chunk in engine.generate(f"coding-{speculation}", ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)):
+            out += chunk.token_ids
+    finally:
+        engine.set_speculation("ngram")
+    return out
+
+
+def chat(engine, text: str) -> list[int]:
+    return engine.info.tokenizer.encode(render_chat(engine.info.chat_template, [{"role": "user", "content": text}]))
+
+
+def test_it_loads_on_the_native_step(qwen_engine):
+    extra, step = qwen_engine.info.extra, qwen_engine.step
+    assert extra["step"] == "native" and extra["kv_cache_dtype"] == "float16"
+    cfg = qwen_engine.model.cfg
+    assert (cfg.arch, cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == ("qwen2", 24, 896, 14, 2, 64)
+    assert qwen_engine.info.context_length == 32768
+    tokenizer = qwen_engine.info.tokenizer
+    assert {tokenizer.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>")} <= set(qwen_engine.info.eos_token_ids)
+    assert step.drafts
+
+
+async def test_it_answers_a_coding_question_with_code(qwen_engine):
+    tokenizer = qwen_engine.info.tokenizer
+    ids = chat(qwen_engine, "Write a Python function that checks whether a string is a palindrome.")
+    text = tokenizer.decode(await generate(qwen_engine, ids, 80))
+    assert "def " in text and "palindrome" in text, text
+
+
+async def test_it_fills_in_the_middle(qwen_engine):
+    tokenizer = qwen_engine.info.tokenizer
+    prompt = ("<|fim_prefix|>def fib(n):\n    if n < 2:\n        return n\n<|fim_suffix|>\n\nprint(fib(10))\n"
+              "<|fim_middle|>")  # fmt: skip
+    text = tokenizer.decode(await generate(qwen_engine, tokenizer.encode(prompt), 16))
+    assert "fib(n-1) + fib(n-2)" in text.replace(" - ", "-"), text
+
+
+async def test_greedy_drafts_equal_plain_decoding(qwen_engine):
+    """A code edit copies most of its prompt: n-gram drafts are verified and kept, and the tokens are
+    plain decoding's, one for one."""
+    ids = chat(qwen_engine, f"Rename parseConfig to loadConfig and output the whole file:\n```go\n{GO_FILE}```")
+    before = qwen_engine.stats()["accepted_draft_tokens"]
+    plain = await generate(qwen_engine, ids, 96)
+    assert await generate(qwen_engine, ids, 96, "ngram") == plain
+    assert qwen_engine.stats()["accepted_draft_tokens"] - before >= 20
+
+
+@pytest.mark.skipif(not LLAMA_CPP_PYTHON.exists(), reason="the llama.cpp peer is not built here (make llama-cpp-peer)")
+def test_it_gives_llama_cpps_logits_on_the_same_file(qwen_path):
+    """Teacher-forced over held-out code and a chat: the same next token at >= 98 % of positions and a
+    mean KL divergence from llama.cpp's distribution <= 0.01 (lingcode bench reference)."""
+    from lingcode.bench import reference
+
+    result = reference.run(qwen_path, str(LLAMA_CPP_PYTHON), threads=2, tokens=240, continuation=24)
+    total = result["total"]
+    assert total["top1"] >= 0.98 and total["kl_mean"] <= 0.01, reference.table(result)
