@@ -380,6 +380,21 @@ def build_parser() -> argparse.ArgumentParser:
     lsp.add_argument("--no-start", action="store_true", help="never start a daemon; use a running one")
     lsp.set_defaults(func=cmd_lsp)
 
+    bench_reference = benches.add_parser(
+        "reference", help="lingcode's logits against llama.cpp's on the same GGUF (top-1 agreement, KL)",
+        description="Teacher-forced logits of held-out code prompts through lingcode's CPU engine and through "
+                    "llama.cpp (llama-cpp-python, in a process of its own), compared position by position; "
+                    "and greedy continuations side by side.",
+    )  # fmt: skip
+    bench_reference.add_argument("--model", default=None, help="GGUF model (catalog name or file; default: the default model)")
+    bench_reference.add_argument("--threads", type=_positive, default=2, help="CPU threads for each engine (default: 2)")
+    bench_reference.add_argument("--tokens", type=_positive, default=400, help="tokens per prompt (default: 400)")
+    bench_reference.add_argument("--continuation", type=_positive, default=64,
+                                 help="greedy tokens generated from each prompt's first half (default: 64)")  # fmt: skip
+    bench_reference.add_argument("--llama-cpp-python", metavar="PATH", help="the Python that has llama-cpp-python")
+    bench_reference.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    bench_reference.add_argument("--json", action="store_true", help="also print the totals as one JSON line")
+
     bench_lsp = benches.add_parser(
         "lsp", help="replay typing through files against `lingcode lsp`: keystroke-to-suggestion latency",
         description="Types real source files character by character into `lingcode lsp` (a real server process "

@@ -64,12 +64,44 @@ def _code_sample(lines: int = 40) -> str:
     return "\n".join(text.splitlines()[:lines]) + "\n"
 
 
+# Code that is neither lingcode's nor a benchmark's own, for the context workloads: this Python's
+# standard library, file after file (the same files on every machine with the same Python).
+HELD_OUT_FILES = ("textwrap.py", "argparse.py", "dataclasses.py", "tarfile.py", "http/client.py", "typing.py",
+                  "inspect.py", "difflib.py", "shutil.py", "subprocess.py", "configparser.py", "ast.py")  # fmt: skip
+CONTEXT_STRIDE = 1000  # request i of a context workload starts this many tokens later in the files
+
+
+def held_out_code(tokenizer, tokens: int) -> list[int]:
+    """At least `tokens` tokens of the standard library's code (fewer if it runs out)."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    ids: list[int] = []
+    for name in HELD_OUT_FILES:
+        ids += tokenizer.encode(f"# {name}\n{(stdlib / name).read_text(encoding='utf-8')}")
+        if len(ids) >= tokens:
+            break
+    return ids
+
+
+def context_length(name: str) -> int | None:
+    """L for a workload named context:L (a prompt of L tokens of held-out code), else None."""
+    kind, _, length = name.partition(":")
+    return int(length) if kind == "context" and length.isdigit() and int(length) > 0 else None
+
+
 def workload_requests(name: str, tokenizer, chat_template: str, n: int, max_tokens: int) -> list[Request]:
     def chat(text: str) -> list[int]:
         from lingcode.text.chat_template import render_chat
 
         return tokenizer.encode(render_chat(chat_template, [{"role": "user", "content": text}]))
 
+    length = context_length(name)
+    if length is not None:  # a long prompt of real code, continued: prefill and decode at that context
+        code = held_out_code(tokenizer, length + CONTEXT_STRIDE * (n - 1))
+        if len(code) < length + CONTEXT_STRIDE * (n - 1):
+            raise ValueError(f"{name}: the held-out files give only {len(code)} tokens")
+        return [Request(code[CONTEXT_STRIDE * i : CONTEXT_STRIDE * i + length], max_tokens, True) for i in range(n)]
     if name == "random":  # random prompt tokens, a fixed number of output tokens
         import torch
 
@@ -89,10 +121,10 @@ def workload_requests(name: str, tokenizer, chat_template: str, n: int, max_toke
                  "Rename the exception QueueFull to QueueOverflow"]  # fmt: skip
         return [Request(chat(f"{edits[i % len(edits)]} and output the whole edited code:\n```python\n{code}```"),
                         max_tokens, False) for i in range(n)]  # fmt: skip
-    raise ValueError(f"unknown workload {name!r}: random, chat, completion, code-edit")
+    raise ValueError(f"unknown workload {name!r}: random, chat, completion, code-edit, context:L")
 
 
-WORKLOADS = ("random", "chat", "completion", "code-edit")
+WORKLOADS = ("random", "chat", "completion", "code-edit", "context:L")
 
 
 # --- the workers ----------------------------------------------------------------------------------
@@ -157,7 +189,7 @@ def check_peer(peer: str, python: str, model_path: Path) -> str | None:
         if importlib.util.find_spec("transformers") is None:
             return f"{peer}: transformers is not installed in {sys.executable} (pip install transformers)"
         return None
-    if peer in ("llama.cpp", "llama.cpp-passive"):
+    if peer.startswith("llama.cpp"):
         if model_path.is_dir() or model_path.suffix != ".gguf":
             return f"llama.cpp: needs a GGUF model, not {model_path}"
         try:
@@ -172,11 +204,14 @@ def check_peer(peer: str, python: str, model_path: Path) -> str | None:
     return f"unknown peer {peer!r} (choose from {', '.join(PEERS)})"
 
 
-PEERS = ("transformers-eager", "transformers-static", "llama.cpp", "llama.cpp-passive")
+PEERS = ("transformers-eager", "transformers-static", "llama.cpp", "llama.cpp-passive", "llama.cpp-fa")
 # llama.cpp's threads meet at an OpenMP barrier after every op, hundreds of times a token, and by
 # default libgomp spins there before it sleeps: on a machine whose cores other work also wants, a
 # thread spins away the time of the one it waits for. -passive sleeps at once (bench/README.md).
 PEER_ENV = {"llama.cpp-passive": {"OMP_WAIT_POLICY": "passive"}}
+# -fa: llama.cpp's flash attention (llama-cpp-python leaves it off; llama-server's default turns it on
+# where the backend has it, the CPU's included), which changes its speed at long contexts.
+PEER_OPTIONS = {"llama.cpp-fa": ["--flash-attn"]}
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -228,6 +263,8 @@ def summarize(results: list[Result]) -> list[dict]:
                 "tpot_ms_median": round(statistics.median(tpots), 3), "tpot_ms_mean": round(statistics.mean(tpots), 3),
                 "output_tok_s": round(1000 * tokens / decode_ms, 1) if decode_ms else None,
                 "ttft_ms_median": round(statistics.median(r.ttft_ms for r in rs), 2),
+                # the prompt's tokens over the time to the first token: the prefill rate, for long prompts
+                "prefill_tok_s": round(statistics.median(r.prompt_tokens / r.ttft_ms * 1e3 for r in rs), 1),
                 "accept_length_mean": round(statistics.mean(accepts), 2) if accepts else None,
                 "same_tokens_as_first": sum(r.same_as_first for r in rs),
             }  # fmt: skip
@@ -239,7 +276,7 @@ def summarize(results: list[Result]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     cols = ["workload", "variant", "requests", "tpot_ms_median", "tpot_ms_mean", "output_tok_s", "ttft_ms_median",
-            "accept_length_mean", "same_tokens_as_first", "tpot_vs_first"]  # fmt: skip
+            "prefill_tok_s", "accept_length_mean", "same_tokens_as_first", "tpot_vs_first"]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
@@ -276,7 +313,7 @@ def run(args) -> int:
     from lingcode import models
 
     workloads = [w for w in args.workload.split(",") if w]
-    unknown = [w for w in workloads if w not in WORKLOADS]
+    unknown = [w for w in workloads if w not in WORKLOADS and context_length(w) is None]
     if unknown:
         print(f"lingcode bench: unknown workload {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
         return 2
@@ -317,11 +354,15 @@ def run(args) -> int:
         # prompts (its tokenizer and chat template) and says the engine's dtype for transformers.
         workers["lingcode"] = Worker("lingcode", worker + ["lingcode", "--threads", str(threads)] + options, threads)
         dtype = workers["lingcode"].ready["engine"].get("dtype", "float32")
+        # a peer's context: the longest prompt and its output (llama.cpp takes its KV cache whole at load)
+        context = max([4096] + [context_length(w) + args.max_tokens + 16 for w in workloads
+                                if context_length(w)])  # fmt: skip
         for peer in peers:
-            kind = peer.removesuffix("-passive")
+            kind = peer.removesuffix("-passive").removesuffix("-fa")
             # -I: not this folder on its path (its modules are named like other packages), nor PYTHON* variables
             argv = [python, "-I", str(Path(__file__).with_name("worker.py"))] if kind == "llama.cpp" else worker
-            argv = argv + [kind, "--threads", str(threads), "--model", str(model_path), "--device", device, "--dtype", dtype]
+            argv = argv + [kind, "--threads", str(threads), "--model", str(model_path), "--device", device, "--dtype", dtype,
+                           "--context", str(context), *PEER_OPTIONS.get(peer, [])]  # fmt: skip
             workers[peer] = Worker(peer, argv, threads, PEER_ENV.get(peer))
         for name, w in workers.items():
             report.workers[name] = w.ready
@@ -396,7 +437,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--engine-url", help="attach to a running SGLang server (--engine sglang)")
     parser.add_argument("--model", help="model (catalog name, GGUF file or HF directory); default: the default model")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device for the local engine")
-    parser.add_argument("--workload", default="chat,code-edit", help=f"comma-separated: {', '.join(WORKLOADS)}")
+    parser.add_argument("--workload", default="chat,code-edit",
+                        help=f"comma-separated: {', '.join(WORKLOADS)} (context:L: L tokens of the standard library's "
+                             "code, continued: prefill and decode at that context)")  # fmt: skip
     parser.add_argument("--speculation", default="off,ngram",
                         help="comma-separated speculation modes to compare: off, ngram, early-exit:L "
                              "(empty: peers only)")  # fmt: skip

@@ -7,7 +7,9 @@ worker times its tokens with the same Clock.
 Protocol, one JSON object a line. The worker writes {"ready": {...}} once loaded, then answers
 {"request": {"input_ids", "max_tokens", "stop_ids", "speculation"}} with {"result": {"ttft_ms",
 "tpot_ms", "tokens", "token_ids", "accept_length", "served"}}, and {"plan": {...}} (lingcode only)
-with {"requests": [...]}, the workload's prompts as token ids; a failure with {"error": "..."}.
+with {"requests": [...]}, the workload's prompts as token ids; {"logits": {"input_ids", "path"}}
+(llama.cpp with --logits-all) with {"logits": {"path", "positions"}}, every position's logits saved
+as .npy at path; a failure with {"error": "..."}.
 End of input ends it.
 
 Only the standard library is imported at the top, so another interpreter can run this file by its
@@ -195,12 +197,24 @@ class LlamaCppRunner:
         import llama_cpp
 
         started = time.perf_counter()
-        self.llm = llama_cpp.Llama(model_path=args.model, n_ctx=4096, n_batch=512, n_threads=args.threads,
-                                   n_threads_batch=args.threads, verbose=False)  # fmt: skip
+        self.llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.context, n_batch=512, n_threads=args.threads,
+                                   n_threads_batch=args.threads, flash_attn=args.flash_attn,
+                                   logits_all=args.logits_all, verbose=False)  # fmt: skip
         self.ready = {"load_s": round(time.perf_counter() - started, 2), "name": os.path.basename(args.model),
                       "versions": {"llama_cpp_python": llama_cpp.__version__},
                       "engine": {"system_info": llama_cpp.llama_print_system_info().decode().strip(),
-                                 "python": sys.executable, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")}}  # fmt: skip
+                                 "python": sys.executable, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+                                 "n_ctx": args.context, "flash_attn": args.flash_attn}}  # fmt: skip
+
+    def logits(self, request: dict) -> dict:
+        """The logits of every position of input_ids (teacher-forced), saved as .npy at `path`."""
+        import numpy as np
+
+        ids = request["input_ids"]
+        self.llm.reset()
+        self.llm.eval(ids)
+        np.save(request["path"], np.asarray(self.llm.scores[: len(ids)], dtype=np.float32))
+        return {"path": request["path"], "positions": len(ids)}
 
     def run(self, request: dict) -> dict:
         self.llm.reset()
@@ -232,6 +246,8 @@ def serve(runner, replies) -> None:
         try:
             if "plan" in message:
                 say({"requests": runner.plan(message["plan"])})
+            elif "logits" in message:
+                say({"logits": runner.logits(message["logits"])})
             else:
                 result = runner.run(message["request"])
                 served += 1
@@ -252,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-url")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--kernels", default="auto")
+    parser.add_argument("--context", type=int, default=4096, help="llama.cpp: its context (KV cache) length")
+    parser.add_argument("--flash-attn", action="store_true", help="llama.cpp: its flash attention")
+    parser.add_argument("--logits-all", action="store_true", help="llama.cpp: keep every position's logits")
     args = parser.parse_args(argv)
     # Everything the engines print goes to stderr; stdout carries the protocol only.
     replies = os.fdopen(os.dup(1), "w")
