@@ -96,12 +96,12 @@ async def test_ngram_drafts_pay_off_when_the_answer_copies_the_prompt(engine, re
     # The draft length follows the step costs timed at load, which a busy machine skews (a clean
     # clone once drafted 8 accepted tokens here, another 10): fixed for this request, so the count
     # depends on the drafter alone. Drafting as cheap as a plain step: DraftLength's own tests cover costs.
-    measured = engine.step_cost
-    engine.step_cost = [measured[0]] * len(measured)
+    measured = engine.step_cost, engine.step_cost_per_position
+    engine.step_cost, engine.step_cost_per_position = [measured[0][0]] * len(measured[0]), [0.0] * len(measured[0])
     try:
         _, stats = await run(engine, "ngram", PROMPTS[3], params)
     finally:
-        engine.step_cost = measured
+        engine.step_cost, engine.step_cost_per_position = measured
     # Each verify step emitted more than one token on average: fewer target forwards than tokens.
     assert stats["accepted_draft_tokens"] >= 10
     assert stats["decode_steps"] < stats["generated_tokens"] - 1
@@ -264,6 +264,22 @@ def test_draft_length_adapts_to_acceptance_and_step_cost():
     for _ in range(30):
         k.update(8, 1)  # one token a draft lands (a = 1/2): a short draft is the best buy at these costs
     assert 1 <= k.k <= 3, k.k
+
+
+def test_draft_length_shortens_drafts_as_the_context_grows():
+    """Attention reads every cached key for every token a step feeds: far into a long context an
+    8-token step costs several times a 1-token one (SmolLM2 on 2 cores), so the same acceptance buys
+    a shorter draft there, or none."""
+    at_start = [4.3, 4.6, 4.9, 5.2, 5.5, 5.8, 6.1, 6.4, 6.7]  # ms a step verifying k drafts at position 0
+    per_position = [0.0012 * (k + 1) for k in range(9)]  # and what each position of context adds
+    k = DraftLength(at_start, per_position)
+    for _ in range(20):
+        k.update(4, 2)  # two of four drafts land: a = 2/3
+    assert k.at(0) >= 3
+    assert k.at(8000) < k.at(0)
+    for _ in range(20):
+        k.update(4, 1)
+    assert k.at(8000) == 0
 
 
 def test_draft_length_never_picks_a_longer_draft_at_the_same_cost():

@@ -34,6 +34,7 @@
 #include <functional>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -69,7 +70,7 @@ enum Pack : int { P4, P5, P8, K4, K5, K6 };
 //   P8      meta: d[16] f16.                          codes: 8 lines of int8
 //   K4, K5  meta: d[16], dmin[16] f16, sc[8][16] u8, mins in pairs [4][16][2] u8.
 //           codes: per sub-block of 32, 4 nibble lines (+ K5: 1 high-bit line)
-//   K6      meta: d[16] f16, sc[16][16] i8.          codes: per sub-block, 4 nibble lines + 2 lines of 2 high bits
+//   K6      meta: d[16] f16, scales in pairs [8][16][2] i8. codes: per sub-block, 4 nibble lines + 2 lines of 2 high bits
 // A nibble line l of a 32-weight (sub-)block holds for row r, byte e: code 4l+e in the low nibble,
 // code 16+4l+e in the high one. The high-bit line: bit l = bit 4 of code 4l+e, bit 4+l that of
 // code 16+4l+e. K6's two lines: bits 2l, 2l+1 = bits 4, 5 of code 4l+e (the first) / 16+4l+e.
@@ -326,7 +327,7 @@ inline void put_block(Pack pack, const Unpacked& u, int64_t lane, uint8_t* c, ui
     }
     case K6:
       h[lane] = u.d;
-      for (int k = 0; k < 16; ++k) s[32 + 16 * k + lane] = u.sc[k];
+      for (int k = 0; k < 16; ++k) s[32 + 32 * (k / 2) + 2 * lane + k % 2] = u.sc[k];
       for (int j = 0; j < 8; ++j) {
         const uint8_t* q = u.q + 32 * j;
         uint8_t* lines = c + 384 * j;
@@ -460,7 +461,7 @@ inline void Matrix::dequantize_row(int64_t row, float* out) const {
           for (int64_t e = 0; e < QK; ++e) {
             const uint8_t bits = lines[(e < 16 ? 256 : 320) + 4 * lane + e % 4];
             const int q = nibble(lines, e) | (((bits >> (2 * ((e % 16) / 4))) & 3) << 4);
-            o[32 * j + e] = d * float(int8_t(s[32 + 16 * (2 * j + e / 16) + lane])) * float(q - 32);
+            o[32 * j + e] = d * float(int8_t(s[32 + 32 * j + 2 * lane + e / 16])) * float(q - 32);
           }
         }
         break;
@@ -533,17 +534,21 @@ inline int32_t quantize_block(const float* x, float id, int8_t* out) {
 }
 #endif
 
+// The group of 4 activations i groups after x (the kernels broadcast one group to every row).
+inline const int8_t* xg(const int8_t* x, int64_t i) { return x + 4 * i; }
+
 // T tokens' activations [T, k] as int8, in either or both forms:
 //   per 32 (for the 32-weight types): q = round(x / d), d = max |x| / 127; kept: d, the sum of q,
 //     and d times it (Q4_1's and Q5's min term);
-//   per 256 (for the K types): one d per 256; kept: the sum of every 16 codes (k16), the sums of
-//     every 32 in int16 pairs (kpair, for the K4/K5 mins' madd) and 32 times each 16-sum (k32: K6's -32).
+//   per 256 (for the K types): one d per 256; kept: the sum of every 16 codes (k16), and in int16
+//     pairs, as vpmaddwd takes them, the sums of every 32 (kpair: the K4/K5 mins) and of every 16
+//     (kpair16: K6's -32).
 struct Act {
   int64_t k = 0, blocks = 0, super = 0;
   bool has32 = false, has256 = false;
   std::vector<int8_t> q, qk;
   std::vector<float> d, sum, dk;
-  std::vector<int32_t> isum, k16, kpair, k32;
+  std::vector<int32_t> isum, k16, kpair, kpair16;
 
   void resize(int64_t tokens, int64_t k_max) {
     if (int64_t(q.size()) < tokens * k_max) {
@@ -555,7 +560,7 @@ struct Act {
       dk.resize(tokens * k_max / QKK + 1);
       k16.resize(tokens * k_max / 16 + 16);
       kpair.resize(tokens * k_max / 64 + 4);
-      k32.resize(tokens * k_max / 16 + 16);
+      kpair16.resize(tokens * k_max / 32 + 8);
     }
   }
   // The width of the next matrix's input, and which forms it needs.
@@ -588,19 +593,23 @@ struct Act {
         for (int j = 0; j < 8; ++j) amax = std::max(amax, block_amax(xb + QK * j));
         const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
         int8_t* out = qk.data() + t * k + b * QKK;
-        for (int j = 0; j < 8; ++j) quantize_block(xb + QK * j, id, out + QK * j);
         dk[atk(t, b)] = amax / 127.0f;
         int32_t* s16 = k16.data() + atk(t, b) * 16;
-        for (int i = 0; i < 16; ++i) {
-          int32_t s = 0;
-          for (int e = 0; e < 16; ++e) s += out[16 * i + e];
-          s16[i] = s;
-          k32[atk(t, b) * 16 + i] = 32 * s;
+        for (int j = 0; j < 8; ++j) {
+          int8_t* sub = out + QK * j;
+          quantize_block(xb + QK * j, id, sub);
+          for (int half = 0; half < 2; ++half) {
+            int32_t sum = 0;
+            for (int e = 0; e < 16; ++e) sum += sub[16 * half + e];
+            s16[2 * j + half] = sum;
+          }
         }
-        for (int p = 0; p < 4; ++p) {  // sums of 32: |s| <= 4064, two int16 per int32
-          const int32_t lo = s16[4 * p] + s16[4 * p + 1], hi = s16[4 * p + 2] + s16[4 * p + 3];
-          kpair[atk(t, b) * 4 + p] = int32_t(uint32_t(uint16_t(int16_t(lo))) | (uint32_t(uint16_t(int16_t(hi))) << 16));
-        }
+        const auto pair = [](int32_t lo, int32_t hi) {  // two int16 in an int32, as vpmaddwd reads them
+          return int32_t(uint32_t(uint16_t(int16_t(lo))) | (uint32_t(uint16_t(int16_t(hi))) << 16));
+        };
+        for (int p = 0; p < 4; ++p)  // sums of 32 (|s| <= 4064) for the K4/K5 mins
+          kpair[atk(t, b) * 4 + p] = pair(s16[4 * p] + s16[4 * p + 1], s16[4 * p + 2] + s16[4 * p + 3]);
+        for (int p = 0; p < 8; ++p) kpair16[atk(t, b) * 8 + p] = pair(s16[2 * p], s16[2 * p + 1]);  // K6's
       }
   }
 };
@@ -608,6 +617,14 @@ struct Act {
 // --- vector operations, per ISA -------------------------------------------------------------------------
 // V::R rows at a time (a 16-row group in 16 / R passes); B holds R rows' 4 bytes of a line, I their
 // int32 sums, F their float results. The kernels below are written once over these.
+//
+// Dot products of codes (u8) with activations (int8) accumulate in A: with VNNI, vpdpbusd adds them
+// to int32 sums directly; without it, vpmaddubsw gives 16-bit sums of pairs, which are added up in
+// 16 bits (V::terms<Q>() of them at most, for codes up to Q: no sum can pass 32767) and widened
+// once, by vpmaddwd with ones or with the rows' scales (total, total_scaled), where a widening per
+// line cost three instructions instead of one. Either way the same exact integers.
+// S: the rows' scales as total_scaled takes them (int32 lanes with VNNI, each scale in both 16-bit
+// halves of a lane without).
 
 #if LC_ISA_512
 
@@ -616,36 +633,48 @@ struct V {
   static constexpr int NT = 8;  // tokens per register tile
   using B = __m512i;
   using I = __m512i;
+  using A = __m512i;
+  using S = __m512i;
   using F = __m512;
 #ifdef __AVX512VNNI__
-  static constexpr bool S8_BIAS = true;  // dot_s8 adds 128 * sum(x): subtract it
+  static constexpr bool VNNI = true;
 #else
-  static constexpr bool S8_BIAS = false;
+  static constexpr bool VNNI = false;
 #endif
+  static constexpr bool S8_BIAS = VNNI;  // dot_s8 takes codes + 128: its sums have 128 * sum(x) too much
   static B line(const uint8_t* p) { return _mm512_load_si512(p); }
   static B lo4(B v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
   static B hi4(B v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
-  template <int S>
-  static B bits(B v, uint8_t mask) {  // (v shifted left by S, right by -S) & mask, per byte
-    const B s = S > 0 ? _mm512_slli_epi16(v, S > 0 ? S : 0) : S < 0 ? _mm512_srli_epi16(v, S < 0 ? -S : 0) : v;
+  template <int SH>
+  static B bits(B v, uint8_t mask) {  // (v shifted left by SH, right by -SH) & mask, per byte
+    const B s = SH > 0 ? _mm512_slli_epi16(v, SH > 0 ? SH : 0) : SH < 0 ? _mm512_srli_epi16(v, SH < 0 ? -SH : 0) : v;
     return _mm512_and_si512(s, _mm512_set1_epi8(char(mask)));
   }
   static B bor(B a, B b) { return _mm512_or_si512(a, b); }
   static I zero() { return _mm512_setzero_si512(); }
-  static I dot(I acc, B u8, const int8_t* x) {  // + u8 . x (4 int8 broadcast), per row
+  static A azero() { return _mm512_setzero_si512(); }
+  static A dot(A acc, B u8, const int8_t* x) {  // + u8 . x (4 int8 broadcast), per row
 #ifdef __AVX512VNNI__
     return _mm512_dpbusd_epi32(acc, u8, _mm512_set1_epi32(load_i32(x)));
-#else  // u8 <= 63 here: the 16-bit pair sums cannot saturate
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u8, _mm512_set1_epi32(load_i32(x))),
-                                                   _mm512_set1_epi16(1)));
+#else
+    return _mm512_add_epi16(acc, _mm512_maddubs_epi16(u8, _mm512_set1_epi32(load_i32(x))));
 #endif
   }
+  static I total(A acc) { return VNNI ? acc : _mm512_madd_epi16(acc, _mm512_set1_epi16(1)); }
+  static void keep(A& acc) { asm("" : "+v"(acc)); }
+  static I total_scaled(A acc, S sc) { return VNNI ? _mm512_mullo_epi32(acc, sc) : _mm512_madd_epi16(acc, sc); }
+  static S scales_u8(const uint8_t* p) {  // R rows' u8 scales
+    const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return VNNI ? s : _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+  }
+  static std::pair<S, S> scales_i8_pairs(const uint8_t* p) {  // R rows' (first, second) int8 scales
+    const __m512i s = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    if (VNNI) return {_mm512_srai_epi32(_mm512_slli_epi32(s, 16), 16), _mm512_srai_epi32(s, 16)};
+    return {_mm512_shufflehi_epi16(_mm512_shufflelo_epi16(s, 0xA0), 0xA0),
+            _mm512_shufflehi_epi16(_mm512_shufflelo_epi16(s, 0xF5), 0xF5)};
+  }
   static B s8_u(B w) {  // what dot_s8 multiplies: codes + 128 (VNNI) or |codes|
-#ifdef __AVX512VNNI__
-    return _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));
-#else
-    return _mm512_abs_epi8(w);
-#endif
+    return VNNI ? _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80))) : _mm512_abs_epi8(w);
   }
   static I dot_s8(I acc, B u, B w, const int8_t* x) {  // + w . x for int8 codes w (u = s8_u(w))
     __m512i xv = _mm512_set1_epi32(load_i32(x));
@@ -659,13 +688,11 @@ struct V {
   }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
-  static I mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
-  static I u8s(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static I i8s(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static I madd_pairs(const uint8_t* p, int32_t pair) {  // R rows' two u8 times two int16
-    return _mm512_madd_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
-                             _mm512_set1_epi32(pair));
+  static I times32(I v) { return _mm512_slli_epi32(v, 5); }
+  static I madd_pairs(const uint8_t* p, int32_t pair, bool is_signed = false) {  // R rows' two 8-bit values . two int16
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_madd_epi16(is_signed ? _mm512_cvtepi8_epi16(raw) : _mm512_cvtepu8_epi16(raw), _mm512_set1_epi32(pair));
   }
   static F fzero() { return _mm512_setzero_ps(); }
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
@@ -677,13 +704,7 @@ struct V {
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
 };
 
-inline const char* isa() {
-#ifdef __AVX512VNNI__
-  return "avx512-vnni";
-#else
-  return "avx512bw";
-#endif
-}
+inline const char* isa() { return V::VNNI ? "avx512-vnni" : "avx512bw"; }
 
 #elif LC_ISA_256
 
@@ -692,39 +713,50 @@ struct V {
   static constexpr int NT = 4;  // 16 registers: fewer tokens per tile than AVX-512's
   using B = __m256i;
   using I = __m256i;
+  using A = __m256i;
+  using S = __m256i;
   using F = __m256;
 #ifdef __AVXVNNI__
-  static constexpr bool S8_BIAS = true;
+  static constexpr bool VNNI = true;
 #else
-  static constexpr bool S8_BIAS = false;
+  static constexpr bool VNNI = false;
 #endif
+  static constexpr bool S8_BIAS = VNNI;
   static B line(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
   static B lo4(B v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
   static B hi4(B v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
-  template <int S>
+  template <int SH>
   static B bits(B v, uint8_t mask) {
-    const B s = S > 0 ? _mm256_slli_epi16(v, S > 0 ? S : 0) : S < 0 ? _mm256_srli_epi16(v, S < 0 ? -S : 0) : v;
+    const B s = SH > 0 ? _mm256_slli_epi16(v, SH > 0 ? SH : 0) : SH < 0 ? _mm256_srli_epi16(v, SH < 0 ? -SH : 0) : v;
     return _mm256_and_si256(s, _mm256_set1_epi8(char(mask)));
   }
   static B bor(B a, B b) { return _mm256_or_si256(a, b); }
   static I zero() { return _mm256_setzero_si256(); }
-  static I dot(I acc, B u8, const int8_t* x) {
+  static A azero() { return _mm256_setzero_si256(); }
+  static __m256i xs(const int8_t* x) { return _mm256_set1_epi32(load_i32(x)); }  // one group, to every row
+  static A dot(A acc, B u8, const int8_t* x) {
 #ifdef __AVXVNNI__
-    return _mm256_dpbusd_avx_epi32(acc, u8, _mm256_set1_epi32(load_i32(x)));
+    return _mm256_dpbusd_avx_epi32(acc, u8, xs(x));
 #else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, _mm256_set1_epi32(load_i32(x))),
-                                                   _mm256_set1_epi16(1)));
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u8, xs(x)));
 #endif
   }
-  static B s8_u(B w) {
-#ifdef __AVXVNNI__
-    return _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));
-#else
-    return _mm256_sign_epi8(w, w);
-#endif
+  static I total(A acc) { return VNNI ? acc : _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+  static void keep(A& acc) { asm("" : "+x"(acc)); }
+  static I total_scaled(A acc, S sc) { return VNNI ? _mm256_mullo_epi32(acc, sc) : _mm256_madd_epi16(acc, sc); }
+  static S scales_u8(const uint8_t* p) {
+    const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return VNNI ? s : _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
   }
+  static std::pair<S, S> scales_i8_pairs(const uint8_t* p) {
+    const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    if (VNNI) return {_mm256_srai_epi32(_mm256_slli_epi32(s, 16), 16), _mm256_srai_epi32(s, 16)};
+    return {_mm256_shufflehi_epi16(_mm256_shufflelo_epi16(s, 0xA0), 0xA0),
+            _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(s, 0xF5), 0xF5)};
+  }
+  static B s8_u(B w) { return VNNI ? _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80))) : _mm256_sign_epi8(w, w); }
   static I dot_s8(I acc, B u, B w, const int8_t* x) {
-    const __m256i xv = _mm256_set1_epi32(load_i32(x));
+    const __m256i xv = xs(x);
 #ifdef __AVXVNNI__
     (void)w;
     return _mm256_dpbusd_avx_epi32(acc, u, xv);
@@ -735,13 +767,11 @@ struct V {
   }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
-  static I mul(I a, I b) { return _mm256_mullo_epi32(a, b); }
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
-  static I u8s(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-  static I i8s(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-  static I madd_pairs(const uint8_t* p, int32_t pair) {
-    return _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-                             _mm256_set1_epi32(pair));
+  static I times32(I v) { return _mm256_slli_epi32(v, 5); }
+  static I madd_pairs(const uint8_t* p, int32_t pair, bool is_signed = false) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_madd_epi16(is_signed ? _mm256_cvtepi8_epi16(raw) : _mm256_cvtepu8_epi16(raw), _mm256_set1_epi32(pair));
   }
   static F fzero() { return _mm256_setzero_ps(); }
   static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
@@ -753,19 +783,14 @@ struct V {
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
 };
 
-inline const char* isa() {
-#ifdef __AVXVNNI__
-  return "avx2-vnni";
-#else
-  return "avx2";
-#endif
-}
+inline const char* isa() { return V::VNNI ? "avx2-vnni" : "avx2"; }
 
-#else  // portable C++: the same operations, lane by lane
+#else  // portable C++: the same operations, lane by lane, in int32 (as VNNI)
 
 struct V {
   static constexpr int R = 16;
   static constexpr int NT = 4;
+  static constexpr bool VNNI = true;
   static constexpr bool S8_BIAS = false;
   struct B {
     uint8_t b[4 * R];
@@ -773,6 +798,8 @@ struct V {
   struct I {
     int32_t v[R];
   };
+  using A = I;
+  using S = I;
   struct F {
     float v[R];
   };
@@ -789,9 +816,9 @@ struct V {
     for (auto& x : v.b) x >>= 4;
     return v;
   }
-  template <int S>
+  template <int SH>
   static B bits(B v, uint8_t mask) {  // the vector paths shift 16-bit lanes; under these masks, the same
-    for (auto& x : v.b) x = uint8_t((S >= 0 ? x << S : x >> -S) & mask);
+    for (auto& x : v.b) x = uint8_t((SH >= 0 ? x << SH : x >> -SH) & mask);
     return v;
   }
   static B bor(B a, B b) {
@@ -799,10 +826,27 @@ struct V {
     return a;
   }
   static I zero() { return I{}; }
-  static I dot(I acc, B u8, const int8_t* x) {
+  static A azero() { return I{}; }
+  static A dot(A acc, B u8, const int8_t* x) {
     for (int r = 0; r < R; ++r)
       for (int e = 0; e < 4; ++e) acc.v[r] += int32_t(u8.b[4 * r + e]) * x[e];
     return acc;
+  }
+  static I total(A acc) { return acc; }
+  static void keep(A&) {}
+  static I total_scaled(A acc, S sc) {
+    for (int r = 0; r < R; ++r) acc.v[r] *= sc.v[r];
+    return acc;
+  }
+  static S scales_u8(const uint8_t* p) {
+    I a;
+    for (int r = 0; r < R; ++r) a.v[r] = p[r];
+    return a;
+  }
+  static std::pair<S, S> scales_i8_pairs(const uint8_t* p) {
+    I a, b;
+    for (int r = 0; r < R; ++r) a.v[r] = int8_t(p[2 * r]), b.v[r] = int8_t(p[2 * r + 1]);
+    return {a, b};
   }
   static B s8_u(B w) { return w; }
   static I dot_s8(I acc, B, B w, const int8_t* x) {
@@ -818,29 +862,22 @@ struct V {
     for (int r = 0; r < R; ++r) a.v[r] -= b.v[r];
     return a;
   }
-  static I mul(I a, I b) {
-    for (int r = 0; r < R; ++r) a.v[r] *= b.v[r];
-    return a;
-  }
   static I set1(int32_t x) {
     I a;
     for (auto& v : a.v) v = x;
     return a;
   }
-  static I u8s(const uint8_t* p) {
-    I a;
-    for (int r = 0; r < R; ++r) a.v[r] = p[r];
+  static I times32(I a) {
+    for (auto& v : a.v) v *= 32;
     return a;
   }
-  static I i8s(const uint8_t* p) {
-    I a;
-    for (int r = 0; r < R; ++r) a.v[r] = int8_t(p[r]);
-    return a;
-  }
-  static I madd_pairs(const uint8_t* p, int32_t pair) {
+  static I madd_pairs(const uint8_t* p, int32_t pair, bool is_signed = false) {
     I a;
     const int32_t lo = int16_t(pair & 0xFFFF), hi = int16_t(uint32_t(pair) >> 16);
-    for (int r = 0; r < R; ++r) a.v[r] = p[2 * r] * lo + p[2 * r + 1] * hi;
+    for (int r = 0; r < R; ++r) {
+      const int32_t x = is_signed ? int8_t(p[2 * r]) : p[2 * r], y = is_signed ? int8_t(p[2 * r + 1]) : p[2 * r + 1];
+      a.v[r] = x * lo + y * hi;
+    }
     return a;
   }
   static F fzero() { return F{}; }
@@ -878,132 +915,178 @@ inline const char* isa() { return "portable"; }
 
 #endif
 
+// Reading ahead: a group's codes and meta are each one stream through memory (groups follow each
+// other), and a decode step waits on it; prefetching a fixed distance ahead keeps more of it in
+// flight than the hardware prefetcher did (docs/engine-notes.md).
+constexpr int64_t PREFETCH_AHEAD = 2048;
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + PREFETCH_AHEAD + i);
+}
+
+// How many 16-bit pair sums of codes up to Q times int8 activations one accumulator may take.
+template <int Q>
+constexpr int terms() {
+  return V::VNNI ? 1 << 20 : 32767 / (2 * Q * 127);
+}
+
 // --- matmul kernels: one group's 16 rows x N tokens --------------------------------------------------
 // out[t * ldo + lane] = the row's dot product with token t0 + t. The float chain per (row, token):
 //   P4/P5  per block: acc = fma(isum, d * dx, acc); acc = fma(m, dx * sum(qx), acc)
 //   P8     per block: acc = fma(isum, d * dx, acc)
 //   K4/K5  per super-block: acc = fma(S, d * dx, acc); acc = acc - M * (dmin * dx), with the exact
 //          integers S = sum_j sc_j * isum_j, M = sum_j m_j * sum(qx)_j
-//   K6     per super-block: acc = fma(S, d * dx, acc), S = sum_k sc_k * (isum_k - 32 * sum(qx)_k)
+//   K6     per super-block: acc = fma(S - 32 M, d * dx, acc), S = sum_k sc_k * isum_k, M = sum_k sc_k * sum(qx)_k
 
-// A 32-weight block's codes (4 nibble lines at c, and where `extra` its high bits), as R rows' u8 codes:
-// lo[l] multiplies x[4l..4l+3], hi[l] x[16+4l..16+4l+3].
-template <int EXTRA>  // 0: none; 1: one line of 5th bits at c + 256; 2: two lines of 5th/6th bits at c + 256, c + 320
-struct Codes {
-  template <class Vv>
-  static void load(const uint8_t* c, int64_t off, typename Vv::B* lo, typename Vv::B* hi) {
-    for (int l = 0; l < 4; ++l) {
-      const typename Vv::B v = Vv::line(c + 64 * l + off);
-      lo[l] = Vv::lo4(v);
-      hi[l] = Vv::hi4(v);
-    }
-    if constexpr (EXTRA == 1) {
-      const typename Vv::B h = Vv::line(c + 256 + off);
-      lo[0] = Vv::bor(lo[0], Vv::template bits<4>(h, 0x10));
-      lo[1] = Vv::bor(lo[1], Vv::template bits<3>(h, 0x10));
-      lo[2] = Vv::bor(lo[2], Vv::template bits<2>(h, 0x10));
-      lo[3] = Vv::bor(lo[3], Vv::template bits<1>(h, 0x10));
-      hi[0] = Vv::bor(hi[0], Vv::template bits<0>(h, 0x10));
-      hi[1] = Vv::bor(hi[1], Vv::template bits<-1>(h, 0x10));
-      hi[2] = Vv::bor(hi[2], Vv::template bits<-2>(h, 0x10));
-      hi[3] = Vv::bor(hi[3], Vv::template bits<-3>(h, 0x10));
-    } else if constexpr (EXTRA == 2) {
-      const typename Vv::B a = Vv::line(c + 256 + off), b = Vv::line(c + 320 + off);
-      lo[0] = Vv::bor(lo[0], Vv::template bits<4>(a, 0x30));
-      lo[1] = Vv::bor(lo[1], Vv::template bits<2>(a, 0x30));
-      lo[2] = Vv::bor(lo[2], Vv::template bits<0>(a, 0x30));
-      lo[3] = Vv::bor(lo[3], Vv::template bits<-2>(a, 0x30));
-      hi[0] = Vv::bor(hi[0], Vv::template bits<4>(b, 0x30));
-      hi[1] = Vv::bor(hi[1], Vv::template bits<2>(b, 0x30));
-      hi[2] = Vv::bor(hi[2], Vv::template bits<0>(b, 0x30));
-      hi[3] = Vv::bor(hi[3], Vv::template bits<-2>(b, 0x30));
-    }
+// Line L of a 32-weight block (its 4 nibble lines at c, and where EXTRA their high bits): R rows'
+// u8 codes for activation groups L (lo) and 4 + L (hi).
+template <int EXTRA, int L>  // EXTRA 0: none; 1: a line of 5th bits at c + 256; 2: lines of 5th/6th bits at c + 256, + 320
+inline void line_codes(const uint8_t* c, int64_t off, V::B& lo, V::B& hi) {
+  const V::B v = V::line(c + 64 * L + off);
+  lo = V::lo4(v);
+  hi = V::hi4(v);
+  if constexpr (EXTRA == 1) {
+    const V::B h = V::line(c + 256 + off);
+    lo = V::bor(lo, V::bits<4 - L>(h, 0x10));
+    hi = V::bor(hi, V::bits<-L>(h, 0x10));
+  } else if constexpr (EXTRA == 2) {
+    lo = V::bor(lo, V::bits<4 - 2 * L>(V::line(c + 256 + off), 0x30));
+    hi = V::bor(hi, V::bits<4 - 2 * L>(V::line(c + 320 + off), 0x30));
   }
-};
+}
+
+// f(L, lo, hi) for the block's 4 lines in turn: one line's codes live at a time, beside the
+// tokens' accumulators (with 16 registers, holding all 8 code vectors spilled the rest to memory).
+template <int EXTRA, typename Fn, int... L>
+inline void each_line(const uint8_t* c, int64_t off, Fn&& f, std::integer_sequence<int, L...>) {
+  (
+      [&] {
+        V::B lo, hi;
+        line_codes<EXTRA, L>(c, off, lo, hi);
+        f(std::integral_constant<int, L>{}, lo, hi);
+      }(),
+      ...);
+}
+
+template <int EXTRA, typename Fn>
+inline void each_line(const uint8_t* c, int64_t off, Fn&& f) {
+  each_line<EXTRA>(c, off, f, std::make_integer_sequence<int, 4>{});
+}
+
+// V::keep(acc): the sum so far, in a register, here: GCC otherwise hoisted the dot products of a
+// block's 4 lines for every token ahead of their additions (summing them as a tree), which held 32
+// products at once and spilled them to memory on AVX2's 16 registers.
+
+// Lines whose products one accumulator takes before it is widened: each line adds `per_line` terms.
+template <int Q, int PER_LINE>
+constexpr int lines_per_total() {
+  return terms<Q>() / PER_LINE >= 4 ? 4 : terms<Q>() / PER_LINE;
+}
+
+// The 16 rows of a group go in GROUP / V::R passes (H). Each pass runs a block over every token of
+// the tile; a block's codes are fetched from memory once, by the first pass.
+constexpr int H = GROUP / V::R;
 
 template <int N, bool FIVE>
 void tile_p45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
   constexpr int64_t CB = FIVE ? 320 : 256;
-  for (int64_t h = 0; h < GROUP / V::R; ++h) {
-    V::F acc[N];
+  constexpr int EVERY = lines_per_total<FIVE ? 31 : 15, 2>();
+  V::F acc[H][N];
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) acc[h][t] = V::fzero();
+  const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
+  for (int64_t b = 0; b < w.blocks; ++b, c += CB, s += 64) {
+    prefetch(c, CB), prefetch(s, 64);
+    const int8_t* x[N];
+    for (int t = 0; t < N; ++t) x[t] = a.qt(t0 + t, b);
+    for (int h = 0; h < H; ++h) {
+      V::A dots[N];
+      V::I sum[N];
+      for (int t = 0; t < N; ++t) dots[t] = V::azero(), sum[t] = V::zero();
+      each_line<FIVE ? 1 : 0>(c, 4 * V::R * h, [&](auto L, V::B lo, V::B hi) {
 #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = V::fzero();
-    const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
-    for (int64_t b = 0; b < w.blocks; ++b, c += CB, s += 64) {
+        for (int t = 0; t < N; ++t) {
+          dots[t] = V::dot(V::dot(dots[t], lo, xg(x[t], L)), hi, xg(x[t], 4 + L));
+          V::keep(dots[t]);
+        }
+        if constexpr ((L + 1) % EVERY == 0) {
+#pragma GCC unroll 8
+          for (int t = 0; t < N; ++t) sum[t] = V::add(sum[t], V::total(dots[t])), dots[t] = V::azero();
+        }
+      });
       const V::F d = V::f16(s + 2 * V::R * h), m = V::f16(s + 32 + 2 * V::R * h);
-      V::B lo[4], hi[4];
-      Codes<FIVE ? 1 : 0>::template load<V>(c, 4 * V::R * h, lo, hi);
 #pragma GCC unroll 8
       for (int t = 0; t < N; ++t) {
-        const int8_t* x = a.qt(t0 + t, b);
-        V::I s0 = V::zero();
-#pragma GCC unroll 4
-        for (int l = 0; l < 4; ++l) s0 = V::dot(V::dot(s0, lo[l], x + 4 * l), hi[l], x + 16 + 4 * l);
         const int64_t i = a.at(t0 + t, b);
-        acc[t] = V::fma(V::cvt(s0), V::fmul(d, V::fset1(a.d[i])), acc[t]);
-        acc[t] = V::fma(m, V::fset1(a.sum[i]), acc[t]);
+        acc[h][t] = V::fma(V::cvt(sum[t]), V::fmul(d, V::fset1(a.d[i])), acc[h][t]);
+        acc[h][t] = V::fma(m, V::fset1(a.sum[i]), acc[h][t]);
       }
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[t]);
   }
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[h][t]);
 }
 
 template <int N>
 void tile_p8(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  for (int64_t h = 0; h < GROUP / V::R; ++h) {
-    V::F acc[N];
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = V::fzero();
-    const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
-    for (int64_t b = 0; b < w.blocks; ++b, c += 512, s += 32) {
-      const V::F d = V::f16(s + 2 * V::R * h);
-      V::B u[8], codes[8];
+  V::F acc[H][N];
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) acc[h][t] = V::fzero();
+  const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
+  for (int64_t b = 0; b < w.blocks; ++b, c += 512, s += 32) {
+    prefetch(c, 512), prefetch(s, 32);
+    for (int h = 0; h < H; ++h) {
+      V::I sum[N];
+      for (int t = 0; t < N; ++t) sum[t] = V::zero();
 #pragma GCC unroll 8
       for (int l = 0; l < 8; ++l) {
-        codes[l] = V::line(c + 64 * l + 4 * V::R * h);
-        u[l] = V::s8_u(codes[l]);
+        const V::B codes = V::line(c + 64 * l + 4 * V::R * h), u = V::s8_u(codes);
+#pragma GCC unroll 8
+        for (int t = 0; t < N; ++t) sum[t] = V::dot_s8(sum[t], u, codes, xg(a.qt(t0 + t, b), l));
       }
+      const V::F d = V::f16(s + 2 * V::R * h);
 #pragma GCC unroll 8
       for (int t = 0; t < N; ++t) {
-        const int8_t* x = a.qt(t0 + t, b);
-        V::I s0 = V::zero();
-#pragma GCC unroll 8
-        for (int l = 0; l < 8; ++l) s0 = V::dot_s8(s0, u[l], codes[l], x + 4 * l);
         const int64_t i = a.at(t0 + t, b);
-        if constexpr (V::S8_BIAS) s0 = V::sub(s0, V::set1(128 * a.isum[i]));
-        acc[t] = V::fma(V::cvt(s0), V::fmul(d, V::fset1(a.d[i])), acc[t]);
+        if constexpr (V::S8_BIAS) sum[t] = V::sub(sum[t], V::set1(128 * a.isum[i]));
+        acc[h][t] = V::fma(V::cvt(sum[t]), V::fmul(d, V::fset1(a.d[i])), acc[h][t]);
       }
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[t]);
   }
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[h][t]);
 }
 
 template <int N, bool FIVE>
 void tile_k45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
   constexpr int64_t SUB = FIVE ? 320 : 256;
-  for (int64_t h = 0; h < GROUP / V::R; ++h) {
-    V::F acc[N];
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = V::fzero();
-    const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
-    for (int64_t b = 0; b < w.blocks; ++b, c += 8 * SUB, s += 320) {
+  constexpr int EVERY = lines_per_total<FIVE ? 31 : 15, 2>();
+  V::F acc[H][N];
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) acc[h][t] = V::fzero();
+  const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
+  for (int64_t b = 0; b < w.blocks; ++b, c += 8 * SUB, s += 320) {
+    prefetch(s, 320);
+    const int8_t* x[N];
+    for (int t = 0; t < N; ++t) x[t] = a.qkt(t0 + t, b);
+    for (int h = 0; h < H; ++h) {
       V::I S[N];
-#pragma GCC unroll 8
       for (int t = 0; t < N; ++t) S[t] = V::zero();
       for (int j = 0; j < 8; ++j) {
-        V::B lo[4], hi[4];
-        Codes<FIVE ? 1 : 0>::template load<V>(c + SUB * j, 4 * V::R * h, lo, hi);
-        const V::I sc = V::u8s(s + 64 + 16 * j + V::R * h);
+        if (h == 0) prefetch(c + SUB * j, SUB);
+        const V::S sc = V::scales_u8(s + 64 + 16 * j + V::R * h);
+        V::A dots[N];
+        for (int t = 0; t < N; ++t) dots[t] = V::azero();
+        each_line<FIVE ? 1 : 0>(c + SUB * j, 4 * V::R * h, [&](auto L, V::B lo, V::B hi) {
 #pragma GCC unroll 8
-        for (int t = 0; t < N; ++t) {
-          const int8_t* x = a.qkt(t0 + t, b) + QK * j;
-          V::I s0 = V::zero();
-#pragma GCC unroll 4
-          for (int l = 0; l < 4; ++l) s0 = V::dot(V::dot(s0, lo[l], x + 4 * l), hi[l], x + 16 + 4 * l);
-          S[t] = V::add(S[t], V::mul(s0, sc));
-        }
+          for (int t = 0; t < N; ++t) {
+            dots[t] = V::dot(V::dot(dots[t], lo, xg(x[t], 8 * j + L)), hi, xg(x[t], 8 * j + 4 + L));
+            V::keep(dots[t]);
+          }
+          if constexpr ((L + 1) % EVERY == 0) {
+#pragma GCC unroll 8
+            for (int t = 0; t < N; ++t) S[t] = V::add(S[t], V::total_scaled(dots[t], sc)), dots[t] = V::azero();
+          }
+        });
       }
       const V::F d = V::f16(s + 2 * V::R * h), dmin = V::f16(s + 32 + 2 * V::R * h);
 #pragma GCC unroll 8
@@ -1014,53 +1097,63 @@ void tile_k45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, in
 #pragma GCC unroll 4
         for (int p = 1; p < 4; ++p) M = V::add(M, V::madd_pairs(s + 192 + 32 * p + 2 * V::R * h, pairs[p]));
         const V::F dx = V::fset1(a.dk[i]);
-        acc[t] = V::fma(V::cvt(S[t]), V::fmul(d, dx), acc[t]);
-        acc[t] = V::fnma(V::cvt(M), V::fmul(dmin, dx), acc[t]);
+        acc[h][t] = V::fma(V::cvt(S[t]), V::fmul(d, dx), acc[h][t]);
+        acc[h][t] = V::fnma(V::cvt(M), V::fmul(dmin, dx), acc[h][t]);
       }
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[t]);
   }
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[h][t]);
 }
 
 template <int N>
 void tile_k6(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
-  for (int64_t h = 0; h < GROUP / V::R; ++h) {
-    V::F acc[N];
-#pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) acc[t] = V::fzero();
-    const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
-    for (int64_t b = 0; b < w.blocks; ++b, c += 8 * 384, s += 288) {
+  constexpr int EVERY = lines_per_total<63, 1>();  // lo and hi have scales of their own: a term a line each
+  V::F acc[H][N];
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) acc[h][t] = V::fzero();
+  const uint8_t *c = w.group_codes(g), *s = w.group_meta(g);
+  for (int64_t b = 0; b < w.blocks; ++b, c += 8 * 384, s += 288) {
+    prefetch(s, 288);
+    const int8_t* x[N];
+    for (int t = 0; t < N; ++t) x[t] = a.qkt(t0 + t, b);
+    for (int h = 0; h < H; ++h) {
       V::I S[N];
-#pragma GCC unroll 8
       for (int t = 0; t < N; ++t) S[t] = V::zero();
       for (int j = 0; j < 8; ++j) {
-        V::B lo[4], hi[4];
-        Codes<2>::template load<V>(c + 384 * j, 4 * V::R * h, lo, hi);
-        const V::I sc_lo = V::i8s(s + 32 + 16 * (2 * j) + V::R * h), sc_hi = V::i8s(s + 32 + 16 * (2 * j + 1) + V::R * h);
+        if (h == 0) prefetch(c + 384 * j, 384);
+        const auto [sc_lo, sc_hi] = V::scales_i8_pairs(s + 32 + 32 * j + 2 * V::R * h);
+        V::A dots_lo[N], dots_hi[N];
+        for (int t = 0; t < N; ++t) dots_lo[t] = dots_hi[t] = V::azero();
+        each_line<2>(c + 384 * j, 4 * V::R * h, [&](auto L, V::B lo, V::B hi) {
 #pragma GCC unroll 8
-        for (int t = 0; t < N; ++t) {
-          const int64_t i = a.atk(t0 + t, b);
-          const int8_t* x = a.qkt(t0 + t, b) + QK * j;
-          V::I s_lo = V::zero(), s_hi = V::zero();
-#pragma GCC unroll 4
-          for (int l = 0; l < 4; ++l) {
-            s_lo = V::dot(s_lo, lo[l], x + 4 * l);
-            s_hi = V::dot(s_hi, hi[l], x + 16 + 4 * l);
+          for (int t = 0; t < N; ++t) {
+            dots_lo[t] = V::dot(dots_lo[t], lo, xg(x[t], 8 * j + L));
+            dots_hi[t] = V::dot(dots_hi[t], hi, xg(x[t], 8 * j + 4 + L));
           }
-          const int32_t* k32 = a.k32.data() + 16 * i + 2 * j;
-          s_lo = V::mul(V::sub(s_lo, V::set1(k32[0])), sc_lo);
-          s_hi = V::mul(V::sub(s_hi, V::set1(k32[1])), sc_hi);
-          S[t] = V::add(S[t], V::add(s_lo, s_hi));
-        }
+          if constexpr ((L + 1) % EVERY == 0) {
+#pragma GCC unroll 8
+            for (int t = 0; t < N; ++t) {
+              S[t] = V::add(S[t], V::add(V::total_scaled(dots_lo[t], sc_lo), V::total_scaled(dots_hi[t], sc_hi)));
+              dots_lo[t] = dots_hi[t] = V::azero();
+            }
+          }
+        });
       }
       const V::F d = V::f16(s + 2 * V::R * h);
 #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) acc[t] = V::fma(V::cvt(S[t]), V::fmul(d, V::fset1(a.dk[a.atk(t0 + t, b)])), acc[t]);
-    }
+      for (int t = 0; t < N; ++t) {
+        const int64_t i = a.atk(t0 + t, b);
+        const int32_t* pairs = a.kpair16.data() + 8 * i;  // sums of 16 in int16 pairs
+        V::I M = V::madd_pairs(s + 32 + 2 * V::R * h, pairs[0], true);
 #pragma GCC unroll 8
-    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[t]);
+        for (int p = 1; p < 8; ++p) M = V::add(M, V::madd_pairs(s + 32 + 32 * p + 2 * V::R * h, pairs[p], true));
+        acc[h][t] = V::fma(V::cvt(V::sub(S[t], V::times32(M))), V::fmul(d, V::fset1(a.dk[i])), acc[h][t]);
+      }
+    }
   }
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < N; ++t) V::store(out + t * ldo + V::R * h, acc[h][t]);
 }
 
 template <int N>

@@ -120,6 +120,31 @@ inline at::Tensor huge_page_block(int64_t bytes) {
   return at::from_blob(base, {bytes}, [p, mapped](void*) { munmap(p, mapped); }, at::kByte);
 }
 
+// The machine's read bandwidth as the step sees it: GB/s of the best of `rounds` passes of the
+// step's threads summing `bytes` of huge-page memory (the limit no decode step passes; benchmarks).
+double read_bandwidth(int64_t bytes, int64_t rounds) {
+  const at::Tensor block = huge_page_block(bytes);
+  float* data = reinterpret_cast<float*>(block.data_ptr<uint8_t>());
+  const int64_t n = bytes / 4;
+  at::parallel_for(0, n, 1 << 16, [&](int64_t a, int64_t b) { for (int64_t i = a; i < b; ++i) data[i] = float(i & 7); });
+  double best = 0.0;
+  std::vector<float> sums(at::get_num_threads() * 16);
+  for (int64_t r = 0; r < rounds; ++r) {
+    const auto started = std::chrono::steady_clock::now();
+    at::parallel_for(0, n / 64, 1 << 10, [&](int64_t a, int64_t b) {
+      f32x16 s0 = {}, s1 = {}, s2 = {}, s3 = {};
+      for (int64_t i = a; i < b; ++i) {
+        const float* p = data + 64 * i;
+        s0 += loadv(p), s1 += loadv(p + 16), s2 += loadv(p + 32), s3 += loadv(p + 48);
+      }
+      storev(sums.data() + 16 * at::get_thread_num(), s0 + s1 + s2 + s3);
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    best = std::max(best, double(bytes) / seconds / 1e9);
+  }
+  return best;
+}
+
 // A standalone matrix (tests, benchmarks): the parts stacked in order, in memory of its own.
 Matrix repack(const std::string& path, int64_t cols, const std::vector<blocks::PartSpec>& parts) {
   MappedFile file(path);
@@ -718,6 +743,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("matmul", &matmul_op, py::call_guard<py::gil_scoped_release>())
       .def("dequantize", &dequantize_op, py::call_guard<py::gil_scoped_release>());
   m.def("repack", &repack, py::arg("path"), py::arg("cols"), py::arg("parts"), py::call_guard<py::gil_scoped_release>());
+  m.def("read_bandwidth", &read_bandwidth, py::arg("bytes"), py::arg("rounds") = 5,
+        py::call_guard<py::gil_scoped_release>());
   m.def("load_matrices", &load_matrices, py::arg("path"), py::arg("specs"), py::call_guard<py::gil_scoped_release>());
   py::class_<Step>(m, "Step")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, at::Tensor, at::Tensor, Matrix,

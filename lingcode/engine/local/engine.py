@@ -128,7 +128,7 @@ class LocalEngine:
     def __init__(
         self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
         cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "auto",
-        model: Transformer | None = None, step_cost: list[float] | None = None,
+        model: Transformer | None = None, step_cost: dict | None = None,
     ):  # fmt: skip
         """model: one build_model() made from this checkpoint already (a prepared one, mapped from the
         cache); step_cost: what measure_step_costs() measured for it before."""
@@ -140,8 +140,9 @@ class LocalEngine:
         self.model.setup_cache(cfg.context_length)
         self.step = pick_step(checkpoint, self.model, device, kernels, cuda_graphs, compile)
         # ms of a step verifying k = 0, 1, ... drafts: remembered for a prepared model, not for a compiled step
-        self.step_cost = step_cost if step_cost is not None and not compile else measure_step_costs(self.step, device)
-        self.draft_length = DraftLength(self.step_cost)
+        self.step_costs = step_cost if step_cost is not None and not compile else measure_step_costs(self.step, device)
+        self.step_cost, self.step_cost_per_position = self.step_costs["at_start"], self.step_costs["per_position"]
+        self.draft_length = DraftLength(self.step_cost, self.step_cost_per_position)
         # Every wake-up of the event loop (detokenize, parsers, an SSE frame, the client reading it)
         # takes a core from the step's threads when they use every core (the CPU), and the other
         # thread then waits at its barrier: wake it less often there (docs/engine-notes.md).
@@ -183,7 +184,7 @@ class LocalEngine:
     def set_speculation(self, speculation: str) -> None:
         """Switch drafting for the requests that start from now on ("off", "ngram", "early-exit:L")."""
         self.speculation, self.draft_layers = parse_speculation(speculation, self.model.cfg.n_layers)
-        self.draft_length = DraftLength(self.step_cost)
+        self.draft_length = DraftLength(self.step_cost, self.step_cost_per_position)
         self.info.extra["speculation"] = speculation
 
     def reset_cache(self) -> None:
@@ -382,7 +383,7 @@ class LocalEngine:
         ids, params = run.req.input_ids, run.req.params
         if tail is not None:
             start, end = tail
-            draft, draft_probs = run.drafter.propose(self.draft_length.k)
+            draft, draft_probs = run.drafter.propose(self.draft_length.at(start))
             draft = draft[: min(self.step.draft_room(start, end - start), run.max_new - 1)]
             if draft:
                 run.from_prefill = 0
@@ -407,7 +408,7 @@ class LocalEngine:
             draft, draft_probs = [], None
             if run.drafter is not None:
                 run.drafter.extend(new)
-                draft, draft_probs = run.drafter.propose(self.draft_length.k)
+                draft, draft_probs = run.drafter.propose(self.draft_length.at(pos))
                 draft = draft[: self.step.draft_room(pos, 1)]
             draft = draft[: run.max_new - len(generated)]
             if draft:
@@ -583,25 +584,41 @@ def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device
     return model
 
 
-def measure_step_costs(step, device: torch.device, rounds: int = 4) -> list[float]:
-    """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) with this step, timed at load on a
-    short context, for DraftLength: what a longer draft costs is what it must earn. Rounds go
-    through every width in turn and each width keeps its fastest time, so that other work on the
-    machine during the load slows all widths alike instead of skewing their ratios."""
-    ms = dict.fromkeys(step.widths, float("inf"))
+COST_CONTEXT = 4096  # positions of context at which step costs are timed a second time
+
+
+def measure_step_costs(step, device: torch.device, rounds: int = 4) -> dict:
+    """ms of a step verifying k = 0, 1, ... drafts (k + 1 tokens) with this step, timed at load at
+    position 0 ("at_start") and what each position of context adds ("per_position", from a second
+    timing COST_CONTEXT positions in: the cache's contents do not change the time), for
+    DraftLength: what a longer draft costs is what it must earn. Rounds go through every width in
+    turn and each width keeps its fastest time, so that other work on the machine during the load
+    slows all widths alike instead of skewing their ratios."""
+    k_max = step.widths[-1]
+    far = max(0, min(COST_CONTEXT, step_max_len(step) - k_max - 1))
+    ms = {(width, at): float("inf") for width in step.widths for at in (0, far)}
     with torch.inference_mode():
         for round_ in range(rounds + 1):  # round 0 is a warm-up
-            for width in step.widths:
+            for width, at in ms:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 started = time.perf_counter()
-                step([0] * width, 0, all_logits=width > 1)
+                step([0] * width, at, all_logits=width > 1)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 if round_:
-                    ms[width] = min(ms[width], (time.perf_counter() - started) * 1e3)
-    costs = [ms[step.padded_width(k + 1)] for k in range(step.widths[-1])]  # a draft is padded up to a step width
-    return list(itertools.accumulate(costs, max))  # a wider step costs no less (timing noise aside)
+                    ms[width, at] = min(ms[width, at], (time.perf_counter() - started) * 1e3)
+
+    def costs(at: int) -> list[float]:  # a draft is padded up to a step width; a wider step costs no less
+        return list(itertools.accumulate((ms[step.padded_width(k + 1), at] for k in range(k_max)), max))
+
+    start, later = costs(0), costs(far)
+    per_position = [max(0.0, (b - a) / far) if far else 0.0 for a, b in zip(start, later)]
+    return {"at_start": start, "per_position": list(itertools.accumulate(per_position, max))}
+
+
+def step_max_len(step) -> int:
+    return step.max_len if hasattr(step, "max_len") else step.model.max_len
 
 
 def pick_kernels(kernels: str, device: torch.device, cuda_graphs: bool, compile: bool, checkpoint=None) -> str:
@@ -678,10 +695,10 @@ def load_engine(
     (checkpoint, model, chosen), name = prepared.load_or_build(
         Path(model_path), f"cpu-float32-{kernels}", build, extra=f"cpu_native={cpu_native.load() is not None}"
     )
-    what = f"step_cost_ms threads={torch.get_num_threads()}"
+    what = f"step_costs threads={torch.get_num_threads()}"
     step_cost = prepared.recall(name, what)
     engine = LocalEngine(checkpoint, dev, dtype, speculation, cuda_graphs, compile, kernels=chosen, model=model,
                          step_cost=step_cost)  # fmt: skip
     if step_cost is None and not compile:
-        prepared.remember(name, what, engine.step_cost)
+        prepared.remember(name, what, engine.step_costs)
     return engine

@@ -214,25 +214,29 @@ def verify_sampled(
 
 class DraftLength:
     """The draft length k that yields the most tokens per unit of step time, from the running
-    acceptance rate and what a step of each width costs.
+    acceptance rate and what a step of each width costs at the context it runs at.
 
     If each draft token is accepted with probability a (given the ones before it were), a draft of
     k tokens yields 1 + a + ... + a^k tokens per verify step. A wider step costs more (how much
     depends on the step: docs/engine-notes.md), so with low acceptance a short draft, or none, is fastest, and with high acceptance a long one.
-    step_cost[k]: the cost of a step verifying k drafts (k + 1 tokens), k = 0..k_max; the engine
-    measures it at load. a is estimated from recent steps (geometric: accepted tokens over accepted
-    tokens plus rejections, decayed); steps without a draft let it drift back to its prior, so a
-    k of 0 is tried again.
+    step_cost[k]: the cost of a step verifying k drafts (k + 1 tokens), k = 0..k_max, at position 0;
+    per_position[k]: what each position of context before it adds (attention reads every cached
+    key for every token fed: at 8K positions a small model's 8-token step costs several times a
+    1-token one, where at 0 it cost about the same). The engine measures both at load. a is
+    estimated from recent steps (geometric: accepted tokens over accepted tokens plus rejections,
+    decayed); steps without a draft let it drift back to its prior, so a k of 0 is tried again.
     """
 
     DECAY = 0.85  # weight of the past per step: about the last 7 steps count
     PRIOR = (3.0, 1.0)  # (accepted, rejected): a = 0.75 until drafts say otherwise
 
-    def __init__(self, step_cost: list[float]):
+    def __init__(self, step_cost: list[float], per_position: list[float] | None = None):
         self.step_cost = list(step_cost)
+        self.per_position = list(per_position) if per_position is not None else [0.0] * len(self.step_cost)
         self.k_max = len(self.step_cost) - 1
         self.accepted, self.rejected = self.PRIOR
-        self.k = self._best()
+        self._tokens()
+        self.k = self.at(0)
 
     @property
     def rate(self) -> float:
@@ -249,12 +253,17 @@ class DraftLength:
         else:
             self.accepted = d * self.accepted + accepted
             self.rejected = d * self.rejected + (accepted < proposed)
-        self.k = self._best()
+        self._tokens()
+        self.k = self.at(0)
 
-    def _best(self) -> int:
+    def at(self, position: int) -> int:
+        """The best draft length for a step fed at `position` (its context length)."""
+        return max(range(self.k_max + 1),
+                   key=lambda k: self._yield[k] / (self.step_cost[k] + self.per_position[k] * position))  # fmt: skip
+
+    def _tokens(self) -> None:
         a = self.rate
-        tokens = [sum(a**i for i in range(k + 1)) for k in range(self.k_max + 1)]
-        return max(range(self.k_max + 1), key=lambda k: tokens[k] / self.step_cost[k])
+        self._yield = [sum(a**i for i in range(k + 1)) for k in range(self.k_max + 1)]
 
 
 class EarlyExitDrafter:
