@@ -1,5 +1,5 @@
 """Every architecture in weights.py's table (llama, qwen2, qwen3) through every CPU backend, on tiny
-GGUF files written here with random blocks of every type the native step reads: no download.
+GGUF files (synthetic_gguf.py) with random blocks of every type the native step reads: no download.
 
 The native step (the file's blocks, 8-bit activations) and the torch step (bf16 matmuls) must
 stay as near model.py's f32 forward over the same weights as 8-bit activations allow, and every
@@ -9,102 +9,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from synthetic_gguf import write_gguf
 
 from lingcode.engine.local import cpu_native, cpu_step
 from lingcode.engine.local.engine import build_model
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.steps import NativeCpuStep, TorchCpuStep
-from lingcode.engine.local.weights import ARCHITECTURES, load_checkpoint
+from lingcode.engine.local.weights import ARCHITECTURES, ModelConfig, load_checkpoint
 
-Q = GGMLQuantizationType
-# (d's size for weights of std ~0.05; which f16 fields the block has)
-SCALES = {Q.Q4_0: 0.012, Q.Q4_1: 0.012, Q.Q5_0: 0.006, Q.Q5_1: 0.006, Q.Q8_0: 8e-4, Q.Q4_K: 2.5e-4,
-          Q.Q5_K: 1.2e-4, Q.Q6_K: 6e-5}  # fmt: skip
-# head_dim and the block type of each matrix per architecture: Q4_K_M-like mixes in fused matrices
+# Per architecture: its shapes, and the block type of each matrix (Q4_K_M-like mixes in fused matrices)
 SHAPES = {
-    "llama": dict(dim=256, heads=4, kv_heads=2, head_dim=64, ffn=512,
-                  types={"attn_q": Q.Q4_1, "attn_k": Q.Q4_1, "attn_v": Q.Q8_0, "attn_output": Q.Q4_0,
-                         "ffn_gate": Q.Q5_1, "ffn_up": Q.Q5_1, "ffn_down": Q.Q8_0}),
-    "qwen2": dict(dim=256, heads=4, kv_heads=2, head_dim=64, ffn=768,
-                  types={"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_0,
-                         "ffn_gate": Q.Q4_K, "ffn_up": Q.Q5_K, "ffn_down": Q.Q6_K}),
-    "qwen3": dict(dim=256, heads=4, kv_heads=1, head_dim=128, ffn=512,  # heads * head_dim != dim
-                  types={"attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "attn_v": Q.Q8_0, "attn_output": Q.Q4_K,
-                         "ffn_gate": Q.Q6_K, "ffn_up": Q.Q6_K, "ffn_down": Q.Q4_K}),
+    "llama": dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=512, tied_embeddings=True,
+                  types={"wq": "Q4_1", "wk": "Q4_1", "wv": "Q8_0", "wo": "Q4_0", "w_gate": "Q5_1", "w_up": "Q5_1",
+                         "w_down": "Q8_0", "tok_embeddings": "Q8_0"}),
+    "qwen2": dict(dim=256, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, tied_embeddings=False,
+                  types={"wq": "Q4_K", "wk": "Q4_K", "wv": "Q6_K", "wo": "Q5_0", "w_gate": "Q4_K", "w_up": "Q5_K",
+                         "w_down": "Q6_K", "tok_embeddings": "Q5_0", "output": "Q6_K"}),
+    "qwen3": dict(dim=256, n_heads=4, n_kv_heads=1, head_dim=128, ffn_dim=512, tied_embeddings=False,  # heads * head_dim != dim
+                  types={"wq": "Q8_0", "wk": "Q8_0", "wv": "Q8_0", "wo": "Q4_K", "w_gate": "Q6_K", "w_up": "Q6_K",
+                         "w_down": "Q4_K", "tok_embeddings": "Q8_0", "output": "Q8_0"}),
 }  # fmt: skip
 VOCAB, LAYERS, CONTEXT = 512, 2, 1024
 
 
-def random_blocks(rng, kind, rows: int, cols: int) -> np.ndarray:
-    block, size = GGML_QUANT_SIZES[kind]
-    n = rows * cols // block
-    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
-
-    def f16(column: int, scale: float) -> None:
-        raw[:, column : column + 2] = (rng.uniform(0.5, 1.5, n) * scale).astype(np.float16).view(np.uint8).reshape(n, 2)
-
-    if kind == Q.Q6_K:
-        f16(208, SCALES[kind])
-    else:
-        f16(0, SCALES[kind])
-        if kind in (Q.Q4_1, Q.Q5_1):
-            f16(2, -SCALES[kind] * 8)  # m: centres the codes
-        elif kind in (Q.Q4_K, Q.Q5_K):
-            f16(2, SCALES[kind] * 4)  # dmin
-    return raw
-
-
-def tiny_gguf(path: Path, arch: str, seed: int = 0) -> Path:
-    shape, rng = SHAPES[arch], np.random.default_rng(seed)
-    dim, heads, kv, hd, ffn = (shape[k] for k in ("dim", "heads", "kv_heads", "head_dim", "ffn"))
-    w = GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.block_count", LAYERS)
-    w.add_uint32(f"{arch}.context_length", CONTEXT)
-    w.add_uint32(f"{arch}.embedding_length", dim)
-    w.add_uint32(f"{arch}.feed_forward_length", ffn)
-    w.add_uint32(f"{arch}.attention.head_count", heads)
-    w.add_uint32(f"{arch}.attention.head_count_kv", kv)
-    w.add_uint32(f"{arch}.attention.key_length", hd)
-    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "default")
-    w.add_array("tokenizer.ggml.tokens", ["a", "b", "ab"] + [f"t{i}" for i in range(3, VOCAB)])
-    w.add_array("tokenizer.ggml.token_type", [1] * VOCAB)
-    w.add_array("tokenizer.ggml.merges", ["a b"])
-    w.add_uint32("tokenizer.ggml.eos_token_id", 1)
-
-    def matrix(name: str, kind, rows: int, cols: int) -> None:
-        w.add_tensor(name, random_blocks(rng, kind, rows, cols).reshape(rows, -1), raw_dtype=kind)  # bytes per row
-
-    def vector(name: str, n: int, around: float, spread: float) -> None:
-        w.add_tensor(name, (around + spread * rng.standard_normal(n)).astype(np.float32))
-
-    matrix("token_embd.weight", Q.Q8_0, VOCAB, dim)
-    matrix("output.weight", Q.Q6_K if dim % 256 == 0 else Q.Q8_0, VOCAB, dim)
-    vector("output_norm.weight", dim, 1.0, 0.1)
-    rows = {"attn_q": (heads * hd, dim), "attn_k": (kv * hd, dim), "attn_v": (kv * hd, dim),
-            "attn_output": (dim, heads * hd), "ffn_gate": (ffn, dim), "ffn_up": (ffn, dim), "ffn_down": (dim, ffn)}  # fmt: skip
-    for i in range(LAYERS):
-        for name, (r, c) in rows.items():
-            matrix(f"blk.{i}.{name}.weight", shape["types"][name], r, c)
-        vector(f"blk.{i}.attn_norm.weight", dim, 1.0, 0.1)
-        vector(f"blk.{i}.ffn_norm.weight", dim, 1.0, 0.1)
-        if ARCHITECTURES[arch].qkv_bias:
-            for name, n in (("attn_q", heads * hd), ("attn_k", kv * hd), ("attn_v", kv * hd)):
-                vector(f"blk.{i}.{name}.bias", n, 0.0, 0.5)
-        if ARCHITECTURES[arch].qk_norm:
-            vector(f"blk.{i}.attn_q_norm.weight", hd, 1.0, 0.2)
-            vector(f"blk.{i}.attn_k_norm.weight", hd, 1.0, 0.2)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+def tiny_gguf(path: Path, arch: str) -> Path:
+    shape = dict(SHAPES[arch])
+    types = shape.pop("types")
+    cfg = ModelConfig(n_layers=LAYERS, vocab_size=VOCAB, context_length=CONTEXT, arch=arch, norm_eps=1e-6, **shape)
+    return write_gguf(path, cfg, lambda layer, name: types[name])
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))

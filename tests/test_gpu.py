@@ -152,7 +152,8 @@ async def test_speculation_is_lossless_with_the_triton_step(triton_engine, rows)
 
     default = triton_engine.step.runner
     if rows is not None:
-        triton_engine.step.runner = GraphRunner(triton_engine.model, kernels="triton", triton_options={"rows": rows})
+        options = {"rows": rows, "weights": default.step.weights}  # the engine's: the GGUF's blocks
+        triton_engine.step.runner = GraphRunner(triton_engine.model, kernels="triton", triton_options=options)
     try:
         params = SamplingParams(max_tokens=48, temperature=0.0)
         for prompt in PROMPTS:
@@ -214,7 +215,8 @@ def test_overlapped_launches_change_no_bit(triton_engine):
         pytest.skip("no programmatic dependent launch on this GPU or Triton")
     assert triton_engine.step.runner.step.pdl  # the engine's default where it is supported
     ids = (chat_ids(triton_engine, PROMPTS[0]) * 100)[:2000]
-    serial = GraphRunner(model, widths=(1, 4), kernels="triton", triton_options={"pdl": False})  # the same cache buckets: the same splits
+    options = {"pdl": False, "weights": triton_engine.step.runner.step.weights}  # the engine's: the GGUF's blocks
+    serial = GraphRunner(model, widths=(1, 4), kernels="triton", triton_options=options)  # the same cache buckets: the same splits
     runners = {"pdl": triton_engine.step.runner, "serial": serial}
     try:
         with torch.inference_mode():

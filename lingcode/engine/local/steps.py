@@ -141,13 +141,23 @@ class NativeCpuStep:
 class GraphStep:
     """Captured CUDA graphs (cuda_graphs.py) of model.py's step or of the Triton step, at widths
     1, 2, 4, 8 and per cache bucket; inputs are padded up to a captured width. Early-exit drafts
-    and what no graph covers run model.py eagerly."""
+    and what no graph covers run model.py eagerly. The Triton step reads a GGUF checkpoint's
+    matrices as the file's blocks (gpu_blocks.py), repacked here once; prefill stays on model.py's
+    dense weights."""
 
     pipelined = True
 
-    def __init__(self, model: Transformer, device: torch.device, compile: bool, kernels: str):
+    def __init__(self, model: Transformer, device: torch.device, compile: bool, kernels: str, checkpoint=None):
         self.model, self.device = model, device
-        self.runner = GraphRunner(model, compile=compile, kernels=kernels)
+        options = None
+        if kernels == "triton" and checkpoint is not None:
+            from lingcode.engine.local import gpu_blocks
+
+            weights = gpu_blocks.pack_checkpoint(checkpoint, device)
+            log.info("Triton step: %d matrices read as GGUF blocks (%.0f MB)", len(weights),
+                     sum(w.nbytes for w in weights.values()) / 1e6)  # fmt: skip
+            options = {"weights": weights}
+        self.runner = GraphRunner(model, compile=compile, kernels=kernels, triton_options=options)
         self.name = f"cuda-graphs-{kernels}"
         self.drafts = kernels == "triton"
         if not self.drafts:
@@ -187,7 +197,7 @@ def pick_step(checkpoint, model: Transformer, device: torch.device, kernels: str
     """The backend for these options (kernels already resolved by pick_kernels)."""
     if device.type == "cuda":
         if cuda_graphs:
-            return GraphStep(model, device, compile, kernels)
+            return GraphStep(model, device, compile, kernels, checkpoint)
         if kernels != "torch":  # the Triton step runs only as captured graphs
             raise ValueError(f"--kernels {kernels} needs CUDA graphs on a GPU (this engine: {device}, no graphs)")
         log.warning("the GPU without CUDA graphs: no drafts (eager verify steps are not bit-exact with plain decoding)")

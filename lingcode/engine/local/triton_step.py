@@ -5,7 +5,8 @@ CUDA graph, each kernel costs a few microseconds however little it reads, and a 
 for memory several times in a row costs several memory latencies. So each kernel here does a
 whole stage of the layer, and each program loads everything it needs at once:
 
-  norm_qkv_rope      x -> rmsnorm -> @ Wqkv^T -> RoPE on q and k; k, v into the KV cache, q to a buffer
+  norm_qkv_rope      x -> rmsnorm -> @ Wq, Wk, Wv^T (+ bias) (-> per-head rmsnorm) -> RoPE on q and
+                     k; k, v into the KV cache, q to a buffer
   attention          the W queries against cache entries [0, kv_len), causal by position, GQA, split
                      over the cache (flash-decoding); the last split to finish combines the splits
   out_proj_residual  x += attn @ Wo^T
@@ -14,8 +15,16 @@ whole stage of the layer, and each program loads everything it needs at once:
 
 plus the token embedding (torch) and norm_lm_head (final norm + logits). Each program owns
 BLOCK_N rows of a weight and loads them whole, K included, in one go, and computes input rows with
-them in turn (ROWS of them; a one-token step computes one): a broadcast multiply and row sums (the
-rms norm of a row is recomputed by every program).
+them in turn (ROWS of them; a one-token step computes one).
+
+Weights: a GGUF's matrices are read as the file's quantized blocks, repacked once at load
+(gpu_blocks.py, which holds every block format this step reads and its GEMV), so a step reads
+about the file's bytes, not a dense bf16 copy's; matrices in other formats (and a Hugging Face
+checkpoint's) are the model's dense rows. Each matrix has its own format (a Q4_K_M file mixes
+Q4_K and Q6_K within a layer's Q/K/V), so the Q, K and V rows are three matrices, and so are
+gate and up. What an architecture adds to Llama's layer (weights.Architecture: Q/K/V biases,
+Qwen3's per-head RMSNorm of q and k) comes from cfg.architecture as compile-time flags of
+norm_qkv_rope; head dims and q heads per KV head are the config's.
 
 Row by row, so that speculation stays lossless: a verify step over W tokens runs each row through
 the very code plain decoding runs for that token (one binary for every W: W is not specialized),
@@ -30,7 +39,9 @@ the engine keeps a verify step within one bucket.
 Numerics follow the bf16 torch path (model.py): fp32 accumulation, and a rounding to the
 activation dtype wherever torch materializes a tensor (matmul outputs, each RoPE product and sum,
 SiLU, residual adds, attention output), so that the two paths write the same KV cache entries
-up to accumulation order and can replace each other mid-request.
+up to accumulation order and can replace each other mid-request. With a GGUF's blocks the weights
+are the file's exact values, where the torch path's dense copy rounds them to bf16: the two then
+differ by that rounding too.
 
 Programmatic dependent launch (PDL, Hopper and later): each kernel is launched to start while the
 one before it is still running. A kernel issues its weight loads first (they depend on nothing),
@@ -53,6 +64,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from lingcode.engine.local.gpu_blocks import DENSE, PackedMatrix, _round, dense, gemv_row, load_weight
 from lingcode.engine.local.model import Transformer
 
 try:  # Triton >= 3.4
@@ -68,7 +80,8 @@ _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 MAX_ROWS = 16  # the most tokens a step takes (the attention's split counters are per token)
 # GEMV blocks per weight matrix, (BLOCK_N, num_warps), for every step width. BLOCK_N counts output
 # rows, row pairs for qkv and gate/up. Decoding wants many small programs, each waiting on little
-# memory (the H200 has 132 SMs). The fastest of a sweep on an H200 (bench/triton_blocks.py; notes).
+# memory (the H200 has 132 SMs). The fastest of a sweep on an H200 (bench/triton_blocks.py; notes),
+# for SmolLM2-135M's dense rows; wider rows get fewer of them a program (block_for).
 BLOCKS = {
     "qkv": (4, 2),  # 480 RoPE row pairs (960 rows) of 576
     "wo": (4, 4),  # 576 rows of 576
@@ -76,6 +89,13 @@ BLOCKS = {
     "down": (4, 8),  # 576 rows of 1536
     "lm_head": (8, 4),  # 49152 rows of 576
 }
+# The most weights (K padded to a power of two) a program holds: the table's blocks for 576-wide
+# rows are at this bound. Packed rows too: the 1.5B's gate/up in programs of half as many (2 row
+# pairs) were the faster on an H100, though packed weights take fewer registers (bench/gpu_blocks.py).
+WEIGHTS_PER_PROGRAM = 8192
+# Packed weights: code words a thread holds. Each costs ~15 registers with its share of the
+# unpacking, scales and inputs (ptxas for sm_90): 8 keeps a program near 120 and clear of spills.
+WORDS_PER_THREAD = 8
 # Rows of x a GEMV program computes in turn, its weight block loaded once, per weight matrix: the
 # fastest verify steps of 1, 2, 4 and 8 on an H200 (bench/triton_vs_torch.py; docs/engine-notes.md)
 ROWS = {"qkv": 2, "wo": 2, "gate_up": 2, "down": 2, "lm_head": 2}
@@ -88,12 +108,6 @@ def _dot(a, b):
     if _INTERPRETED or a.dtype == tl.float32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b)
-
-
-@triton.jit
-def _matmul(a, w):
-    """a [1, K] @ w [BLOCK_N, K]^T, in fp32: a broadcast multiply and row sums."""
-    return tl.sum(a.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
 
 
 @triton.jit
@@ -122,30 +136,6 @@ def _after_previous_kernel():
 
 
 @triton.jit
-def _round(x, dtype):
-    """x rounded to the activation dtype, kept in fp32: where the torch path stores a tensor."""
-    return x.to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _load_rows(ptr, rows, rows_ok, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Whole rows of a row-major [*, K] matrix: [len(rows), BLOCK_K >= K], zero past K and in
-    rows that are not ok. One load per matrix, so that a program waits for memory once."""
-    k = tl.arange(0, BLOCK_K)
-    return tl.load(ptr + rows[:, None] * K + k[None, :], mask=rows_ok[:, None] & (k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _rms_norm(x, norm_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """F.rms_norm of the row of x [1, BLOCK_K] (zero past K), rounded to x's dtype like torch's."""
-    k = tl.arange(0, BLOCK_K)
-    weight = tl.load(norm_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-    xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / K + eps)
-    return (xf * rstd[:, None] * weight[None, :]).to(x.dtype)
-
-
-@triton.jit
 def _add_residual(x_ptr, m, m_ok, n, n_ok, acc, D: tl.constexpr):
     """x[m, n] += acc, rounding like torch: the matmul's output, then the sum."""
     ptrs = x_ptr + m[:, None] * D + n[None, :]
@@ -156,54 +146,90 @@ def _add_residual(x_ptr, m, m_ok, n, n_ok, acc, D: tl.constexpr):
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_qkv_rope_kernel(
-    x_ptr, norm_ptr, wqkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
+    x_ptr, norm_ptr, wq, wq_hi, wq_d, wq_s, wk, wk_hi, wk_d, wk_s, wv, wv_hi, wv_d, wv_s,
+    bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     W, ROWS, max_len, eps,
     D: tl.constexpr, N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC_Q: tl.constexpr, SPEC_K: tl.constexpr,
+    SPEC_V: tl.constexpr, BIAS: tl.constexpr, QK_NORM: tl.constexpr,
 ):  # fmt: skip
-    """q, k, v of row m of x. A program owns BLOCK_N row pairs (j, j + HEAD_DIM/2) of some
-    heads of Wqkv: the two halves that rotate-half RoPE mixes, so RoPE fits in the epilogue."""
+    """q, k, v of row m of x: the first programs compute q's rows, then k's, then v's (each matrix
+    in its own format). bias_ptr: the fused [q; k; v] bias (if BIAS)."""
     HALF: tl.constexpr = HEAD_DIM // 2
-    N_PAIRS: tl.constexpr = (N_HEADS + 2 * N_KV_HEADS) * HALF
-    pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pair_ok = pair < N_PAIRS
-    head, j = pair // HALF, pair % HALF  # heads 0..N_HEADS-1 are q, then k, then v
+    PROGRAMS_Q: tl.constexpr = (N_HEADS * HALF + BLOCK_N - 1) // BLOCK_N
+    PROGRAMS_KV: tl.constexpr = (N_KV_HEADS * HALF + BLOCK_N - 1) // BLOCK_N
+    program = tl.program_id(0)
+    if program < PROGRAMS_Q:
+        _qkv_part(program, x_ptr, norm_ptr, wq, wq_hi, wq_d, wq_s, bias_ptr, q_norm_ptr, cos_ptr, sin_ptr, pos_ptr,
+                  q_ptr, W, ROWS, max_len, eps, 0, D, N_HEADS, HEAD_DIM, BLOCK_N, BLOCK_K, SPEC_Q, BIAS, QK_NORM)
+    elif program < PROGRAMS_Q + PROGRAMS_KV:
+        _qkv_part(program - PROGRAMS_Q, x_ptr, norm_ptr, wk, wk_hi, wk_d, wk_s, bias_ptr + N_HEADS * HEAD_DIM,
+                  k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, W, ROWS, max_len, eps, 1, D, N_KV_HEADS,
+                  HEAD_DIM, BLOCK_N, BLOCK_K, SPEC_K, BIAS, QK_NORM)
+    else:
+        _qkv_part(program - PROGRAMS_Q - PROGRAMS_KV, x_ptr, norm_ptr, wv, wv_hi, wv_d, wv_s,
+                  bias_ptr + (N_HEADS + N_KV_HEADS) * HEAD_DIM, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, v_cache_ptr,
+                  W, ROWS, max_len, eps, 2, D, N_KV_HEADS, HEAD_DIM, BLOCK_N, BLOCK_K, SPEC_V, BIAS, QK_NORM)
+
+
+@triton.jit
+def _qkv_part(
+    program, x_ptr, norm_ptr, w, w_hi, w_d, w_s, bias_ptr, head_norm_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr,
+    W, ROWS, max_len, eps, PART: tl.constexpr, D: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr, BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+):  # fmt: skip
+    """PART 0 (q: to out [W, HEADS * HEAD_DIM]), 1 (k) or 2 (v: into the cache out [HEADS, max_len,
+    HEAD_DIM] at the row's position). A program owns BLOCK_N row pairs (j, j + HEAD_DIM/2) of some
+    heads: the two halves that rotate-half RoPE mixes, so RoPE fits in the epilogue; with QK_NORM
+    one whole head (BLOCK_N = HEAD_DIM/2), whose RMSNorm it then computes."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    pair = program * BLOCK_N + tl.arange(0, BLOCK_N)
+    pair_ok = pair < HEADS * HALF
+    head, j = pair // HALF, pair % HALF
     row_lo = head * HEAD_DIM + j
-    w_lo = _load_rows(wqkv_ptr, row_lo, pair_ok, D, BLOCK_K)  # the weights first: the longest wait
-    w_hi = _load_rows(wqkv_ptr, row_lo + HALF, pair_ok, D, BLOCK_K)
+    # the weights first: the longest wait
+    lo_q, lo_qh, lo_scale, lo_offset = load_weight(w, w_hi, w_d, w_s, row_lo, pair_ok, D, BLOCK_K, SPEC)
+    hi_q, hi_qh, hi_scale, hi_offset = load_weight(w, w_hi, w_d, w_s, row_lo + HALF, pair_ok, D, BLOCK_K, SPEC)
+    if BIAS:
+        bias_lo = tl.load(bias_ptr + row_lo, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
+        bias_hi = tl.load(bias_ptr + row_lo + HALF, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
+    if QK_NORM:
+        if PART < 2:
+            norm_lo = tl.load(head_norm_ptr + j).to(tl.float32)[None, :]
+            norm_hi = tl.load(head_norm_ptr + j + HALF).to(tl.float32)[None, :]
     _after_previous_kernel()
+    dtype = x_ptr.dtype.element_ty
     first = tl.program_id(1) * ROWS
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
         pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
-        a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
-        dtype = a.dtype
-        lo = _round(_matmul(a, w_lo), dtype)  # [1, BLOCK_N], the qkv matmul's output rounding
-        hi = _round(_matmul(a, w_hi), dtype)
-
-        # RoPE, as model.py computes it: x * cos + rotate_half(x) * sin, each product and the sum rounded.
-        angle = pos[:, None] * HEAD_DIM + j[None, :]
-        cos_lo = tl.load(cos_ptr + angle).to(tl.float32)
-        sin_lo = tl.load(sin_ptr + angle).to(tl.float32)
-        cos_hi = tl.load(cos_ptr + angle + HALF).to(tl.float32)
-        sin_hi = tl.load(sin_ptr + angle + HALF).to(tl.float32)
-        is_v = (head >= N_HEADS + N_KV_HEADS)[None, :]
-        out_lo = tl.where(is_v, lo, _round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype)).to(dtype)
-        out_hi = tl.where(is_v, hi, _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype)).to(dtype)
-
-        # q to its buffer [W, N_HEADS * HEAD_DIM]; k and v into the cache [N_KV_HEADS, max_len, HEAD_DIM] at pos.
+        lo, hi = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, lo_q, lo_qh, lo_scale, lo_offset, hi_q, hi_qh, hi_scale,
+                          hi_offset, D, BLOCK_K, SPEC, True, True)  # [1, BLOCK_N] each
+        if BIAS:
+            lo += bias_lo
+            hi += bias_hi
+        lo = _round(lo, dtype)  # the projection's output rounding
+        hi = _round(hi, dtype)
+        if QK_NORM:
+            if PART < 2:  # RMSNorm over the head, as model.py's q_norm / k_norm (torch's rounding)
+                rstd = tl.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / HEAD_DIM + eps)[:, None]
+                lo = _round(lo * rstd * norm_lo, dtype)
+                hi = _round(hi * rstd * norm_hi, dtype)
+        if PART < 2:  # RoPE, as model.py computes it: x * cos + rotate_half(x) * sin, each product and the sum rounded
+            angle = pos[:, None] * HEAD_DIM + j[None, :]
+            cos_lo = tl.load(cos_ptr + angle).to(tl.float32)
+            sin_lo = tl.load(sin_ptr + angle).to(tl.float32)
+            cos_hi = tl.load(cos_ptr + angle + HALF).to(tl.float32)
+            sin_hi = tl.load(sin_ptr + angle + HALF).to(tl.float32)
+            lo, hi = (_round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype),
+                      _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype))
+        if PART == 0:
+            at = out_ptr + m[:, None] * (HEADS * HEAD_DIM) + row_lo[None, :]
+        else:
+            at = out_ptr + (head[None, :] * max_len + pos[:, None]) * HEAD_DIM + j[None, :]
         ok = m_ok[:, None] & pair_ok[None, :]
-        is_q = (head < N_HEADS)[None, :]
-        q_at = q_ptr + m[:, None] * (N_HEADS * HEAD_DIM) + row_lo[None, :]
-        tl.store(q_at, out_lo, mask=ok & is_q)
-        tl.store(q_at + HALF, out_hi, mask=ok & is_q)
-        kv_head = tl.where(is_v, head[None, :] - N_HEADS - N_KV_HEADS, head[None, :] - N_HEADS)
-        cache_at = (kv_head * max_len + pos[:, None]) * HEAD_DIM + j[None, :]
-        is_k = ~is_q & ~is_v
-        tl.store(k_cache_ptr + cache_at, out_lo, mask=ok & is_k)
-        tl.store(k_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_k)
-        tl.store(v_cache_ptr + cache_at, out_lo, mask=ok & is_v)
-        tl.store(v_cache_ptr + cache_at + HALF, out_hi, mask=ok & is_v)
+        tl.store(at, lo.to(dtype), mask=ok)
+        tl.store(at + HALF, hi.to(dtype), mask=ok)
 
 
 @triton.jit
@@ -283,60 +309,70 @@ def attention_kernel(
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def matmul_residual_kernel(
-    in_ptr, w_ptr, x_ptr, W, ROWS,
-    D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    in_ptr, w, w_hi, w_d, w_s, x_ptr, W, ROWS,
+    D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr,
 ):  # fmt: skip
     """x[:, block] += input @ Weight[block]^T: the attention's out projection (input: attn, K the
     heads' width) and the feed-forward's down projection (input: h, K the FFN width)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < D
-    w = _load_rows(w_ptr, n, n_ok, K, BLOCK_K)
+    w_q, w_qh, w_scale, w_offset = load_weight(w, w_hi, w_d, w_s, n, n_ok, K, BLOCK_K, SPEC)
     _after_previous_kernel()
     first = tl.program_id(1) * ROWS
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
-        a = _load_rows(in_ptr, m, m_ok, K, BLOCK_K)
-        _add_residual(x_ptr, m, m_ok, n, n_ok, _matmul(a, w), D)
+        acc, _ = gemv_row(in_ptr, m, m_ok, in_ptr, 0.0, w_q, w_qh, w_scale, w_offset, w_q, w_qh, w_scale, w_offset,
+                          K, BLOCK_K, SPEC, False, False)  # fmt: skip
+        _add_residual(x_ptr, m, m_ok, n, n_ok, acc, D)
 
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_gate_up_kernel(
-    x_ptr, norm_ptr, w_ptr, h_ptr, W, ROWS, eps,
+    x_ptr, norm_ptr, wg, wg_hi, wg_d, wg_s, wu, wu_hi, wu_d, wu_s, h_ptr, W, ROWS, eps,
     D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPEC_GATE: tl.constexpr, SPEC_UP: tl.constexpr,
 ):  # fmt: skip
-    """h = silu(gate) * up of rmsnorm(x): a program owns gate rows n and their up rows FFN + n."""
+    """h = silu(gate) * up of rmsnorm(x): a program owns gate rows n and the same up rows."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < FFN
-    w_gate = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
-    w_up = _load_rows(w_ptr, FFN + n, n_ok, D, BLOCK_K)
+    g_q, g_qh, g_scale, g_offset = load_weight(wg, wg_hi, wg_d, wg_s, n, n_ok, D, BLOCK_K, SPEC_GATE)
+    u_q, u_qh, u_scale, u_offset = load_weight(wu, wu_hi, wu_d, wu_s, n, n_ok, D, BLOCK_K, SPEC_UP)
     _after_previous_kernel()
+    dtype = x_ptr.dtype.element_ty
     first = tl.program_id(1) * ROWS
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
-        a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
-        dtype = a.dtype
-        gate = _round(_matmul(a, w_gate), dtype)
-        up = _round(_matmul(a, w_up), dtype)
+        if SPEC_GATE == SPEC_UP:  # one pass over the input for both
+            gate, up = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, g_q, g_qh, g_scale, g_offset, u_q, u_qh, u_scale,
+                                u_offset, D, BLOCK_K, SPEC_GATE, True, True)  # fmt: skip
+        else:
+            gate, _ = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, g_q, g_qh, g_scale, g_offset, g_q, g_qh, g_scale,
+                               g_offset, D, BLOCK_K, SPEC_GATE, True, False)  # fmt: skip
+            up, _ = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, u_q, u_qh, u_scale, u_offset, u_q, u_qh, u_scale,
+                             u_offset, D, BLOCK_K, SPEC_UP, True, False)  # fmt: skip
+        gate = _round(gate, dtype)
+        up = _round(up, dtype)
         h = _round(gate / (1.0 + tl.exp(-gate)), dtype) * up
         tl.store(h_ptr + m[:, None] * FFN + n[None, :], h.to(dtype), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_lm_head_kernel(
-    x_ptr, norm_ptr, w_ptr, out_ptr, W, ROWS, N, eps,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, norm_ptr, w, w_hi, w_d, w_s, out_ptr, W, ROWS, N, eps,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr,
 ):  # fmt: skip
     """logits = rmsnorm(x) @ Wout^T for the rows n of the (vocabulary-sized) output matrix."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
-    w = _load_rows(w_ptr, n, n_ok, D, BLOCK_K)
+    w_q, w_qh, w_scale, w_offset = load_weight(w, w_hi, w_d, w_s, n, n_ok, D, BLOCK_K, SPEC)
     _after_previous_kernel()
     first = tl.program_id(1) * ROWS
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
-        a = _rms_norm(_load_rows(x_ptr, m, m_ok, D, BLOCK_K), norm_ptr, eps, D, BLOCK_K)
-        logits = _matmul(a, w).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + m[:, None] * N + n[None, :], logits, mask=m_ok[:, None] & n_ok[None, :])
+        logits, _ = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, w_q, w_qh, w_scale, w_offset, w_q, w_qh, w_scale,
+                             w_offset, D, BLOCK_K, SPEC, True, False)  # fmt: skip
+        tl.store(out_ptr + m[:, None] * N + n[None, :], logits.to(out_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])  # fmt: skip
 
 
 def attention_splits(kv_len: int) -> tuple[int, int]:
@@ -349,20 +385,24 @@ def attention_splits(kv_len: int) -> tuple[int, int]:
 class TritonStep:
     """Transformer.forward_static as Triton kernels: the same contract, weights and KV cache.
 
-    One method per kernel. Weights and cache buffers are read from the model at each call (a
+    One method per kernel. Dense weights and cache buffers are read from the model at each call (a
     graph captures their addresses), so the step stays in step with setup_cache. Outputs and
     scratch tensors are allocated per call, as torch ops do: inside a capture they come from the
-    graph's pool. The one state kept is the attention's split counters (zero between kernels),
-    which graphs captured from this step use: keep the step alive as long as its graphs.
+    graph's pool. The state kept is the packed weights and the attention's split counters (zero
+    between kernels), which graphs captured from this step use: keep the step alive as long as its graphs.
 
-    blocks: the GEMV block table (BLOCKS); the CPU tests give the interpreter larger blocks.
+    blocks: the GEMV block table (BLOCKS, every entry used as given); the CPU tests give the
+    interpreter larger blocks. Default: BLOCKS, fewer rows a program for wide rows (block_for).
     pdl: launch each kernel to overlap the one before (module doc); default: where the GPU has it.
     rows: rows of a step a GEMV program computes in turn, for every matrix or some (ROWS).
+    weights: packed matrices by name (gpu_blocks.pack_gguf: "layers.N.wq", ..., "output"), on the
+    model's device; a matrix not in it is read dense from the model.
     """
 
     def __init__(
-        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int | dict | None = None
-    ):
+        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int | dict | None = None,
+        weights: dict[str, PackedMatrix] | None = None,
+    ):  # fmt: skip
         cfg = model.cfg
         if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
             raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
@@ -371,7 +411,9 @@ class TritonStep:
             # the kernels address the cache as [KV, L, D] row-major (the CPU stores keys position-last)
             raise ValueError("the Triton step needs a position-first KV cache: setup_cache(transposed_keys=False)")
         self.model, self.cfg = model, cfg
-        self.blocks = blocks or BLOCKS
+        self.arch = cfg.architecture
+        self.blocks = blocks
+        self.weights = dict(weights or {})
         device = model.norm.weight.device
         self.splits_done = torch.zeros(cfg.n_kv_heads * MAX_ROWS, dtype=torch.int32, device=device)
         self.pdl = pdl_supported(device) if pdl is None else pdl
@@ -392,17 +434,39 @@ class TritonStep:
             self.down_residual(layer, h, x)
         return self.norm_lm_head(x)
 
+    def matrix(self, layer, name: str) -> PackedMatrix:
+        """A weight as the kernels read it: packed if the step has it, else the model's dense rows
+        (a view: wq, wk, wv of the fused wqkv, gate and up of w_gate_up). layer None: the head."""
+        if layer is None:
+            return self.weights.get("output") or dense(self.model.output.weight)
+        index = next(i for i, other in enumerate(self.model.layers) if other is layer)
+        packed = self.weights.get(f"layers.{index}.{name}")
+        if packed is not None:
+            return packed
+        cfg = self.cfg
+        q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        wqkv, gate_up = layer.attn.wqkv.weight, layer.ffn.w_gate_up.weight
+        views = {"wq": lambda: wqkv[:q], "wk": lambda: wqkv[q : q + kv], "wv": lambda: wqkv[q + kv :],
+                 "wo": lambda: layer.attn.wo.weight, "w_gate": lambda: gate_up[: cfg.ffn_dim],
+                 "w_up": lambda: gate_up[cfg.ffn_dim :], "w_down": lambda: layer.ffn.w_down.weight}  # fmt: skip
+        return dense(views[name]())
+
     def norm_qkv_rope(self, layer, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """q [W, n_heads * head_dim]; k and v go into the layer's cache at positions."""
-        cfg, cache = self.cfg, layer.attn.kv_cache
+        cfg, cache, attn = self.cfg, layer.attn.kv_cache, layer.attn
         q = torch.empty(x.shape[0], cfg.n_heads * cfg.head_dim, device=x.device, dtype=x.dtype)
-        block_n, warps = self._block("qkv", x)
-        pairs = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim // 2
-        norm_qkv_rope_kernel[(triton.cdiv(pairs, block_n), self._row_groups(x, "qkv"))](
-            x, layer.attn_norm.weight, layer.attn.wqkv.weight, self.model.rope_cos, self.model.rope_sin,
-            positions, q, cache.k, cache.v, x.shape[0], self.rows["qkv"], cache.k.shape[2], layer.attn_norm.eps,
-            cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
-            num_warps=warps, **self.launch,
+        wq, wk, wv = (self.matrix(layer, name) for name in ("wq", "wk", "wv"))
+        half = cfg.head_dim // 2
+        # with a per-head norm, a program computes whole heads: one head a program
+        block_n, warps = self._block("qkv", [wq, wk, wv], cfg.dim, half if self.arch.qk_norm else None)
+        programs = sum(triton.cdiv(heads * half, block_n) for heads in (cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads))
+        bias = attn.wqkv.bias if self.arch.qkv_bias else x  # x: a placeholder the kernel never reads
+        q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if self.arch.qk_norm else (x, x)
+        norm_qkv_rope_kernel[(programs, self._row_groups(x, "qkv"))](
+            x, layer.attn_norm.weight, *wq.args, *wk.args, *wv.args, bias, q_norm, k_norm, self.model.rope_cos,
+            self.model.rope_sin, positions, q, cache.k, cache.v, x.shape[0], self.rows["qkv"], cache.k.shape[2],
+            layer.attn_norm.eps, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
+            wq.spec, wk.spec, wv.spec, self.arch.qkv_bias, self.arch.qk_norm, num_warps=warps, **self.launch,
         )  # fmt: skip
         return q
 
@@ -426,39 +490,42 @@ class TritonStep:
         return out
 
     def out_proj_residual(self, layer, attn: torch.Tensor, x: torch.Tensor) -> None:
-        self._matmul_residual("wo", attn, layer.attn.wo.weight, x)
+        self._matmul_residual("wo", attn, self.matrix(layer, "wo"), x)
 
     def norm_gate_up(self, layer, x: torch.Tensor) -> torch.Tensor:
         """h = silu(gate) * up [W, ffn_dim]."""
         cfg = self.cfg
         h = torch.empty(x.shape[0], cfg.ffn_dim, device=x.device, dtype=x.dtype)
-        block_n, warps = self._block("gate_up", x)
+        gate, up = self.matrix(layer, "w_gate"), self.matrix(layer, "w_up")
+        block_n, warps = self._block("gate_up", [gate, up], cfg.dim)
         norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), self._row_groups(x, "gate_up"))](
-            x, layer.ffn_norm.weight, layer.ffn.w_gate_up.weight, h, x.shape[0], self.rows["gate_up"], layer.ffn_norm.eps,
-            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), num_warps=warps, **self.launch,
+            x, layer.ffn_norm.weight, *gate.args, *up.args, h, x.shape[0], self.rows["gate_up"], layer.ffn_norm.eps,
+            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), gate.spec, up.spec, num_warps=warps, **self.launch,
         )  # fmt: skip
         return h
 
     def down_residual(self, layer, h: torch.Tensor, x: torch.Tensor) -> None:
-        self._matmul_residual("down", h, layer.ffn.w_down.weight, x)
+        self._matmul_residual("down", h, self.matrix(layer, "w_down"), x)
 
-    def _matmul_residual(self, matrix: str, a: torch.Tensor, weight: torch.Tensor, x: torch.Tensor) -> None:
+    def _matmul_residual(self, matrix: str, a: torch.Tensor, weight: PackedMatrix, x: torch.Tensor) -> None:
         """x += a @ weight^T, with the blocks of `matrix` (BLOCKS)."""
-        block_n, warps = self._block(matrix, x)
         k = a.shape[1]
+        block_n, warps = self._block(matrix, [weight], k)
         matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), self._row_groups(x, matrix))](
-            a, weight, x, x.shape[0], self.rows[matrix], self.cfg.dim, k, block_n, _whole(k), num_warps=warps, **self.launch,
+            a, *weight.args, x, x.shape[0], self.rows[matrix], self.cfg.dim, k, block_n, _whole(k), weight.spec,
+            num_warps=warps, **self.launch,
         )  # fmt: skip
 
     def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """logits [1, W, V] of the final norm of x."""
         model = self.model
-        vocab = model.output.weight.shape[0]
+        weight = self.matrix(None, "output")
+        vocab = weight.rows
         logits = torch.empty(1, x.shape[0], vocab, device=x.device, dtype=x.dtype)
-        block_n, warps = self._block("lm_head", x)
+        block_n, warps = self._block("lm_head", [weight], self.cfg.dim)
         norm_lm_head_kernel[(triton.cdiv(vocab, block_n), self._row_groups(x, "lm_head"))](
-            x, model.norm.weight, model.output.weight, logits, x.shape[0], self.rows["lm_head"], vocab, model.norm.eps,
-            self.cfg.dim, block_n, _whole(self.cfg.dim), num_warps=warps, **self.launch,
+            x, model.norm.weight, *weight.args, logits, x.shape[0], self.rows["lm_head"], vocab, model.norm.eps,
+            self.cfg.dim, block_n, _whole(self.cfg.dim), weight.spec, num_warps=warps, **self.launch,
         )  # fmt: skip
         return logits
 
@@ -466,9 +533,30 @@ class TritonStep:
         """The grid's second axis: programs per weight block, each computing rows[matrix] rows of x."""
         return triton.cdiv(x.shape[0], self.rows[matrix])
 
-    def _block(self, matrix: str, x: torch.Tensor) -> tuple[int, int]:
-        """(BLOCK_N, num_warps) for the matrix: the same at every width, for the same sums."""
-        return self.blocks[matrix]
+    def _block(self, matrix: str, weights: list[PackedMatrix], k: int, rows: int | None = None) -> tuple[int, int]:
+        """(BLOCK_N, num_warps) for the matrix: the same at every width, for the same sums. rows:
+        BLOCK_N, whatever the table says (qkv with a per-head norm)."""
+        if self.blocks is not None:
+            block_n, warps = self.blocks[matrix]
+            return (block_n if rows is None else rows), warps
+        return block_for(matrix, k, all(w.spec != DENSE for w in weights), rows)
+
+
+def block_for(matrix: str, k: int, packed: bool, rows: int | None = None) -> tuple[int, int]:
+    """BLOCKS' entry, with BLOCK_N halved until a program holds at most WEIGHTS_PER_PROGRAM weights
+    (rows of k, padded to a power of two; two rows a pair for qkv and gate/up). Packed weights get
+    the warps that spread their code words WORDS_PER_THREAD a thread. rows: BLOCK_N as given."""
+    block_n, warps = BLOCKS[matrix]
+    per_row = _whole(k) * (2 if matrix in ("qkv", "gate_up") else 1)
+    if rows is None:
+        while block_n > 1 and block_n * per_row > WEIGHTS_PER_PROGRAM:
+            block_n //= 2
+    else:
+        block_n = rows
+    if packed:
+        words = block_n * per_row // 8
+        warps = min(16, max(2, triton.next_power_of_2(triton.cdiv(words, 32 * WORDS_PER_THREAD))))
+    return block_n, warps
 
 
 def pdl_supported(device: torch.device) -> bool:
