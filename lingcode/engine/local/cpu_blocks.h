@@ -710,7 +710,7 @@ inline const char* isa() { return V::VNNI ? "avx512-vnni" : "avx512bw"; }
 
 struct V {
   static constexpr int R = 8;
-  static constexpr int NT = 4;  // 16 registers: fewer tokens per tile than AVX-512's
+  static constexpr int NT = 8;  // tokens per tile: a line of codes at a time leaves room for 8 sums
   using B = __m256i;
   using I = __m256i;
   using A = __m256i;
