@@ -29,9 +29,13 @@ def resident(addresses: list[int]) -> int:
     return total
 
 
-def test_the_kv_cache_takes_memory_as_positions_are_used(qwen_engine):
+def test_the_kv_cache_takes_memory_as_positions_are_used(qwen_path):
     """32,768 positions of keys and values would take 402 MB at load; the cache is mapped memory the
-    system gives as it is written, so it holds what the positions fed so far need."""
+    system gives as it is written, so it holds what the positions fed so far need. An engine of its
+    own: the session's shared one keeps the pages its earlier prompts wrote."""
+    from lingcode.engine.local import load_engine
+
+    qwen_engine = load_engine(qwen_path, device="cpu")
     caches = [layer.attn.kv_cache for layer in qwen_engine.model.layers]
     tensors = [t for cache in caches for t in (cache.k, cache.v)]
     whole = sum(t.numel() * t.element_size() for t in tensors)
