@@ -69,7 +69,13 @@ at::Tensor decode_attention_(const at::Tensor& q_in, const at::Tensor& k, const 
         }
       const int64_t at_ = task * rows;
       const uint16_t *kc = kp + h * k.stride(1) + l0, *vc = vp + h * v.stride(1) + l0 * v.stride(2);
-      run_chunk(q_rows, rows, visible, kc, k.stride(3), vc, v.stride(2), n, mp + at_, sp + at_, ap + at_ * D);
+      Ahead ahead;
+      if (task + 1 < stop) {
+        const int64_t nh = (task + 1) / chunks, nl0 = (task + 1) % chunks * CHUNK;
+        ahead = Ahead(kp + nh * k.stride(1) + nl0, k.stride(3), vp + nh * v.stride(1) + nl0 * v.stride(2), v.stride(2),
+                      D, std::min(CHUNK, end - nl0));
+      }
+      run_chunk(q_rows, rows, visible, kc, k.stride(3), vc, v.stride(2), n, mp + at_, sp + at_, ap + at_ * D, ahead);
     }
   });
 

@@ -57,6 +57,7 @@ constexpr int64_t VL = 8;
 constexpr int64_t VL = 4;
 #endif
 typedef float fvec __attribute__((vector_size(VL * 4)));
+typedef int32_t ivec __attribute__((vector_size(VL * 4)));
 constexpr int REGISTERS = VL == 16 ? 32 : 16;
 
 // VL cache entries as f32, per storage type
@@ -87,25 +88,35 @@ struct F16 {
   }
 };
 
-// exp(x), x clamped to [-87, 88]: Cephes' expf polynomial, written so that the compiler vectorizes
-// it (no libm call, no branch). Relative error ~2e-7.
-inline float exp_clamped(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.0f;
-  uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
-  float scale;
+// exp(x), x clamped to [-87, 88]: Cephes' expf polynomial, for one value and for a vector (the
+// softmax's loop: written on scalars, GCC kept it scalar on AVX2, with a branch per clamp). The same
+// operations either way, with no libm call. Relative error ~2e-7.
+template <typename T, typename I>
+inline T exp_poly(T x) {
+  x = x < -87.0f ? T{} - 87.0f : x;
+  x = x > 88.0f ? T{} + 88.0f : x;
+  const T n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  T r = n * -0.693359375f + x;
+  r = n * 2.12194440e-4f + r;
+  T p = T{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  I bits;
+  if constexpr (std::is_same_v<T, float>) {
+    bits = I(uint32_t(int32_t(n) + 127) << 23);
+  } else {
+    bits = (__builtin_convertvector(n, I) + 127) << 23;
+  }
+  T scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
+
+inline float exp_clamped(float x) { return exp_poly<float, uint32_t>(x); }
 
 // f(std::integral_constant<int, nr>) for a runtime nr in 1..MAX: kernels take their row count
 // as a template argument, so that their accumulators are registers.
@@ -123,13 +134,48 @@ inline int64_t block_rows(int64_t left, int64_t most) {
   return (left + blocks - 1) / blocks;
 }
 
+// The next task's keys and values, fetched a few lines at a time while this task computes. A
+// chunk's keys are D rows of the position-last cache, D streams at once: more than the hardware
+// prefetcher follows, so without this every line was a miss waiting on memory, and decode attention
+// read the cache at a quarter of the machine's bandwidth.
+struct Ahead {
+  const char* k = nullptr;  // the next chunk's first key row
+  int64_t k_stride = 0;     // bytes between key rows
+  int64_t k_lines = 0;      // lines per key row
+  int64_t rows = 0;         // key rows (D)
+  const char* v = nullptr;  // the next chunk's values, contiguous
+  int64_t v_lines = 0;
+  int64_t row = 0, line = 0;
+
+  Ahead() = default;
+  Ahead(const uint16_t* k_next, int64_t k_stride_d, const uint16_t* v_next, int64_t v_stride_l, int64_t d, int64_t n)
+      : k(reinterpret_cast<const char*>(k_next)), k_stride(2 * k_stride_d), k_lines((2 * n + 63) / 64), rows(d),
+        v(reinterpret_cast<const char*>(v_next)), v_lines(v_stride_l == d ? (2 * n * d + 63) / 64 : 0) {}
+
+  // Two lines more (key rows first, then the values): a rate that has them all asked for by the
+  // end of this task's scores (fewer left misses; more crowded this task's own loads out).
+  inline void fetch() {
+    for (int i = 0; i < 2; ++i) {
+      if (row < rows) {
+        __builtin_prefetch(k + row * k_stride + 64 * line);
+        if (++line == k_lines) line = 0, ++row;
+      } else if (line < v_lines) {
+        __builtin_prefetch(v + 64 * line++);
+      } else {
+        return;
+      }
+    }
+  }
+};
+
 // Scores of NR query rows (pre-scaled, [NR, D]) against B * VL keys from l0 (position-last): s[r][l].
 // Each key row (one d) is read over B * VL positions in a row, so the hardware prefetcher follows
 // one row at a time.
 template <int64_t D, int NR, int B, typename Cache>
-void score_blocks(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t l0, float* s) {
+void score_blocks(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t l0, float* s, Ahead& ahead) {
   fvec acc[NR][B] = {};
   for (int64_t d = 0; d < D; ++d) {
+    ahead.fetch();
     fvec kv[B];
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) kv[b] = Cache::load(k + d * k_stride_d + l0 + VL * b);
@@ -150,26 +196,28 @@ constexpr int SCORE_ROWS = REGISTERS == 32 ? 12 : 6;
 // Scores of NR query rows (pre-scaled, [NR, D]) against n_pad keys (position-last): s[r][l]. Each
 // score is one fixed chain of fma over d, however the positions are blocked.
 template <int64_t D, int NR, typename Cache>
-void scores(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t n_pad, float* s) {
+void scores(const float* q, const uint16_t* k, int64_t k_stride_d, int64_t n_pad, float* s, Ahead& ahead) {
   constexpr int FREE = REGISTERS - 3;
   constexpr int B = NR * 8 <= FREE ? 8 : (FREE / NR > 0 ? FREE / NR : 1);
   int64_t l0 = 0;
-  for (; l0 + VL * B <= n_pad; l0 += VL * B) score_blocks<D, NR, B, Cache>(q, k, k_stride_d, l0, s);
-  for (; l0 < n_pad; l0 += VL) score_blocks<D, NR, 1, Cache>(q, k, k_stride_d, l0, s);
+  for (; l0 + VL * B <= n_pad; l0 += VL * B) score_blocks<D, NR, B, Cache>(q, k, k_stride_d, l0, s, ahead);
+  for (; l0 < n_pad; l0 += VL) score_blocks<D, NR, 1, Cache>(q, k, k_stride_d, l0, s, ahead);
 }
 
-// Rows per value pass, and the slice of d (4 vectors) each pass keeps in registers
-constexpr int VALUE_ROWS = REGISTERS == 32 ? 6 : 3;
-constexpr int64_t VALUE_SLICE = 4 * VL;
+// Rows per value pass, and the slice of d each pass keeps in registers: NR * slice accumulators,
+// the slice of v and a broadcast within the registers (on AVX2, 3 rows of 4 vectors spilled).
+constexpr int VALUE_ROWS = 6;
+constexpr int64_t VALUE_SLICE = (REGISTERS == 32 ? 4 : 2) * VL;
 
 // out[r] = sum over the first n positions of w[r][l] * v[l] for NR rows of weights (stride CHUNK),
 // a slice of d at a time.
 template <int64_t D, int NR, typename Cache>
-void weighted_values(const float* w, const uint16_t* v, int64_t v_stride_l, int64_t n, float* out) {
+void weighted_values(const float* w, const uint16_t* v, int64_t v_stride_l, int64_t n, float* out, Ahead& ahead) {
   constexpr int64_t SLICE = D < VALUE_SLICE ? D : VALUE_SLICE, V = SLICE / VL;
   for (int64_t d0 = 0; d0 < D; d0 += SLICE) {
     fvec acc[NR][V] = {};
     for (int64_t l = 0; l < n; ++l) {
+      ahead.fetch();
       fvec vv[V];
 #pragma GCC unroll 8
       for (int64_t j = 0; j < V; ++j) vv[j] = Cache::load(v + l * v_stride_l + d0 + j * VL);
@@ -184,18 +232,19 @@ void weighted_values(const float* w, const uint16_t* v, int64_t v_stride_l, int6
   }
 }
 
-// One (kv head, chunk): for each of `rows` query rows (pre-scaled, [rows, 64]) the chunk's
-// partial softmax: max m, sum of exp(s - m), and sum of exp(s - m) * v.
+// One (kv head, chunk): for each of `rows` query rows (pre-scaled, [rows, D]) the chunk's
+// partial softmax: max m, sum of exp(s - m), and sum of exp(s - m) * v. `ahead`: the next task's.
 template <int64_t D, typename Cache>
 void chunk_attention(const float* q, int64_t rows, const int64_t* visible, const uint16_t* k, int64_t k_stride_d,
-                     const uint16_t* v, int64_t v_stride_l, int64_t n, float* m_out, float* sum_out, float* acc_out) {
+                     const uint16_t* v, int64_t v_stride_l, int64_t n, float* m_out, float* sum_out, float* acc_out,
+                     Ahead ahead = {}) {
   const int64_t n_pad = (n + LANES - 1) / LANES * LANES;
   alignas(64) float s[MAX_ROWS * CHUNK];
 
   // scores: up to SCORE_ROWS rows at a time
   for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
     nr = block_rows(rows - r0, SCORE_ROWS);
-    with_rows<SCORE_ROWS>(nr, [&](auto NR) { scores<D, NR, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK); });
+    with_rows<SCORE_ROWS>(nr, [&](auto NR) { scores<D, NR, Cache>(q + r0 * D, k, k_stride_d, n_pad, s + r0 * CHUNK, ahead); });
   }
 
   // per row: max over its visible positions, exp, sum in 16 fixed lanes; invisible -> 0
@@ -211,7 +260,12 @@ void chunk_attention(const float* q, int64_t rows, const int64_t* visible, const
     for (int64_t j = 1; j < LANES; ++j) m = std::max(m, lane[j]);
     m_out[r] = vis > 0 ? m : -std::numeric_limits<float>::infinity();
     if (vis == 0) m = 0.0f;
-    for (int64_t l = 0; l < n_pad; ++l) sr[l] = exp_clamped(sr[l] - m);
+    for (int64_t l = 0; l < n_pad; l += VL) {
+      fvec e;
+      std::memcpy(&e, sr + l, sizeof e);
+      e = exp_poly<fvec, ivec>(e - m);
+      std::memcpy(sr + l, &e, sizeof e);
+    }
     for (int64_t l = vis; l < n_pad; ++l) sr[l] = 0.0f;
     for (int64_t j = 0; j < LANES; ++j) lane[j] = 0.0f;
     for (int64_t l0 = 0; l0 < n_pad; l0 += LANES)
@@ -226,7 +280,7 @@ void chunk_attention(const float* q, int64_t rows, const int64_t* visible, const
   for (int64_t r0 = 0, nr; r0 < rows; r0 += nr) {
     nr = block_rows(rows - r0, VALUE_ROWS);
     with_rows<VALUE_ROWS>(nr, [&](auto NR) {
-      weighted_values<D, NR, Cache>(s + r0 * CHUNK, v, v_stride_l, n, acc_out + r0 * D);
+      weighted_values<D, NR, Cache>(s + r0 * CHUNK, v, v_stride_l, n, acc_out + r0 * D, ahead);
     });
   }
 }

@@ -217,6 +217,15 @@ void add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) storev(x + i, loadv(x + i) + loadv(y + i));
 }
 
+// out = silu(g) * u (the FFN's gate), 16 at a time: the exp as one vector polynomial.
+void silu_times(const float* g, const float* u, int64_t n, float* out) {
+  typedef int32_t i32x16 __attribute__((vector_size(64)));
+  for (int64_t i = 0; i < n; i += 16) {
+    const f32x16 x = loadv(g + i);
+    storev(out + i, x / (1.0f + attention::exp_poly<f32x16, i32x16>(-x)) * loadv(u + i));
+  }
+}
+
 // Rotate-half RoPE on one head of d (the Hugging Face layout; weights.py unpermutes Llama's GGUF rows).
 void rope(float* x, const float* cos, const float* sin, int64_t d) {
   for (int64_t i = 0; i < d / 2; ++i) {
@@ -658,9 +667,16 @@ class Step {
               for (int64_t d = 0; d < HD; ++d) q_rows[r * HD + d] = src[d] * scale;
               visible[r] = std::clamp<int64_t>(start + task.t0 + i + 1 - l0, 0, len);
             }
+          attention::Ahead ahead;
+          if (i + n < tasks.size()) {
+            const Task& next = tasks[i + n];
+            const int64_t nl0 = next.chunk * attention::CHUNK;
+            ahead = attention::Ahead(kc + next.h * ks1 + nl0, ks3, vc + next.h * vs1 + nl0 * vs2, vs2, HD,
+                                     std::min(attention::CHUNK, start + next.t0 + next.tn - nl0));
+          }
           attention::chunk_attention<HD, attention::F16>(
               q_rows, rows, visible, kc + task.h * ks1 + l0, ks3, vc + task.h * vs1 + l0 * vs2, vs2, len,
-              m_.data() + task.at, s_.data() + task.at, acc_.data() + task.at * HD);
+              m_.data() + task.at, s_.data() + task.at, acc_.data() + task.at * HD, ahead);
         }
         pool_.barrier();
         // every thread combines every row into its own y (cheap; saves a barrier), then O
@@ -696,7 +712,7 @@ class Step {
         act.set_width(ffn_, layer.w_down);
         for (int64_t t = 0; t < T; ++t) {
           const float* g = gu + t * 2 * ffn_;
-          for (int64_t i = 0; i < ffn_; ++i) tmp[i] = g[i] / (1.0f + attention::exp_clamped(-g[i])) * g[ffn_ + i];
+          silu_times(g, g + ffn_, ffn_, tmp);
           act.quantize(t, tmp);
         }
         {
