@@ -21,6 +21,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from synthetic_gguf import write_gguf  # noqa: E402
+from triton_interpreted import check_rows_as_one_token_steps  # noqa: E402
 
 from lingcode.engine.local import gpu_blocks  # noqa: E402
 from lingcode.engine.local.model import Transformer  # noqa: E402
@@ -170,21 +171,7 @@ def test_a_verify_step_on_blocks_gives_each_row_what_a_one_token_step_gives(gguf
     """triton_interpreted.py's lossless-speculation check (which tries 1, 2 and 5 rows a program on
     dense rows), bf16, on the packed blocks of the head-dim 128, 7-heads-a-group model."""
     model, packed = load(gguf_files["qwen2-128"], torch.bfloat16)
-    step = TritonStep(model, LARGE_BLOCKS, rows=rows, weights=packed)
-    gen = torch.Generator().manual_seed(5)
-    prompt = torch.randint(0, model.cfg.vocab_size, (1, 150), generator=gen)
-    tokens = torch.randint(0, model.cfg.vocab_size, (1, 5), generator=gen)
-    start, kv_len = prompt.shape[1], 256
-    caches = [layer.attn.kv_cache for layer in model.layers]
-    with torch.inference_mode():
-        model(prompt, 0)
-        wide = step(tokens, torch.arange(start, start + 5), kv_len)[0]
-        wide_entries = [(c.k[:, :, start : start + 5].clone(), c.v[:, :, start : start + 5].clone()) for c in caches]
-        for i in range(5):
-            one = step(tokens[:, i : i + 1], torch.tensor([start + i]), kv_len)[0, 0]
-            assert torch.equal(one, wide[i]), i
-    for c, (k, v) in zip(caches, wide_entries):
-        assert torch.equal(c.k[:, :, start : start + 5], k) and torch.equal(c.v[:, :, start : start + 5], v)
+    check_rows_as_one_token_steps(model, TritonStep(model, LARGE_BLOCKS, rows=rows, weights=packed))
 
 
 def test_the_default_model_s_own_blocks_match_the_torch_path(model_path):

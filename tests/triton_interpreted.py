@@ -238,10 +238,15 @@ def test_a_verify_step_gives_each_row_what_a_one_token_step_gives(dtype, rows):
     row, equal five one-token steps at the same positions (each after the same cache), whether a
     GEMV program computes one row, two in turn (and a last program one), or all five."""
     model = tiny_model(dtype)
-    step = TritonStep(model, LARGE_BLOCKS, rows=rows)
+    check_rows_as_one_token_steps(model, TritonStep(model, LARGE_BLOCKS, rows=rows))
+
+
+def check_rows_as_one_token_steps(model: Transformer, step: TritonStep) -> None:
+    """A width-5 step's logits and cache entries, row by row, equal five one-token steps' (after a
+    150-token prompt). Also run on a GGUF's blocks (triton_blocks_interpreted.py)."""
     gen = torch.Generator().manual_seed(5)
-    prompt = torch.randint(0, TINY.vocab_size, (1, 150), generator=gen)
-    tokens = torch.randint(0, TINY.vocab_size, (1, 5), generator=gen)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, 150), generator=gen)
+    tokens = torch.randint(0, model.cfg.vocab_size, (1, 5), generator=gen)
     start, kv_len = prompt.shape[1], 256
     caches = [layer.attn.kv_cache for layer in model.layers]
     with torch.inference_mode():
