@@ -34,6 +34,7 @@
 #include <functional>
 #include <optional>
 #include <tuple>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -954,22 +955,23 @@ inline void line_codes(const uint8_t* c, int64_t off, V::B& lo, V::B& hi) {
   }
 }
 
-// f(L, lo, hi) for the block's 4 lines in turn: one line's codes live at a time, beside the
-// tokens' accumulators (with 16 registers, holding all 8 code vectors spilled the rest to memory).
-template <int EXTRA, typename Fn, int... L>
+// f(L, lo, hi) for the block's 4 lines in turn, lo[k] and hi[k] the codes of HI consecutive R-row
+// slices of the line: one line's codes live at a time, beside the tokens' accumulators (with 16
+// registers, holding all 8 code vectors spilled the rest to memory).
+template <int EXTRA, int HI, typename Fn, int... L>
 inline void each_line(const uint8_t* c, int64_t off, Fn&& f, std::integer_sequence<int, L...>) {
   (
       [&] {
-        V::B lo, hi;
-        line_codes<EXTRA, L>(c, off, lo, hi);
+        V::B lo[HI], hi[HI];
+        for (int k = 0; k < HI; ++k) line_codes<EXTRA, L>(c, off + 4 * V::R * k, lo[k], hi[k]);
         f(std::integral_constant<int, L>{}, lo, hi);
       }(),
       ...);
 }
 
-template <int EXTRA, typename Fn>
+template <int EXTRA, int HI = 1, typename Fn>
 inline void each_line(const uint8_t* c, int64_t off, Fn&& f) {
-  each_line<EXTRA>(c, off, f, std::make_integer_sequence<int, 4>{});
+  each_line<EXTRA, HI>(c, off, f, std::make_integer_sequence<int, 4>{});
 }
 
 // V::keep(acc): the sum so far, in a register, here: GCC otherwise hoisted the dot products of a
@@ -986,10 +988,19 @@ constexpr int lines_per_total() {
 // the tile; a block's codes are fetched from memory once, by the first pass.
 constexpr int H = GROUP / V::R;
 
+// Passes that run at once (HI of the H): for one token, every pass of a line together, so that each
+// line of codes is read whole in one go and its cache misses spread over the block's work, as with
+// 16-row registers; more tokens need the registers for their sums.
+template <int N>
+constexpr int halves_at_once() {
+  return N == 1 ? H : 1;
+}
+
 template <int N, bool FIVE>
 void tile_p45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
   constexpr int64_t CB = FIVE ? 320 : 256;
   constexpr int EVERY = lines_per_total<FIVE ? 31 : 15, 2>();
+  constexpr int HI = halves_at_once<N>();
   V::F acc[H][N];
   for (int h = 0; h < H; ++h)
     for (int t = 0; t < N; ++t) acc[h][t] = V::fzero();
@@ -998,27 +1009,33 @@ void tile_p45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, in
     prefetch(c, CB), prefetch(s, 64);
     const int8_t* x[N];
     for (int t = 0; t < N; ++t) x[t] = a.qt(t0 + t, b);
-    for (int h = 0; h < H; ++h) {
-      V::A dots[N];
-      V::I sum[N];
-      for (int t = 0; t < N; ++t) dots[t] = V::azero(), sum[t] = V::zero();
-      each_line<FIVE ? 1 : 0>(c, 4 * V::R * h, [&](auto L, V::B lo, V::B hi) {
+    for (int h0 = 0; h0 < H; h0 += HI) {
+      V::A dots[HI][N];
+      V::I sum[HI][N];
+      for (int k = 0; k < HI; ++k)
+        for (int t = 0; t < N; ++t) dots[k][t] = V::azero(), sum[k][t] = V::zero();
+      each_line<FIVE ? 1 : 0, HI>(c, 4 * V::R * h0, [&](auto L, const V::B* lo, const V::B* hi) {
 #pragma GCC unroll 8
-        for (int t = 0; t < N; ++t) {
-          dots[t] = V::dot(V::dot(dots[t], lo, xg(x[t], L)), hi, xg(x[t], 4 + L));
-          V::keep(dots[t]);
-        }
+        for (int t = 0; t < N; ++t)
+          for (int k = 0; k < HI; ++k) {
+            dots[k][t] = V::dot(V::dot(dots[k][t], lo[k], xg(x[t], L)), hi[k], xg(x[t], 4 + L));
+            V::keep(dots[k][t]);
+          }
         if constexpr ((L + 1) % EVERY == 0) {
 #pragma GCC unroll 8
-          for (int t = 0; t < N; ++t) sum[t] = V::add(sum[t], V::total(dots[t])), dots[t] = V::azero();
+          for (int t = 0; t < N; ++t)
+            for (int k = 0; k < HI; ++k) sum[k][t] = V::add(sum[k][t], V::total(dots[k][t])), dots[k][t] = V::azero();
         }
       });
-      const V::F d = V::f16(s + 2 * V::R * h), m = V::f16(s + 32 + 2 * V::R * h);
+      for (int k = 0; k < HI; ++k) {
+        const int h = h0 + k;
+        const V::F d = V::f16(s + 2 * V::R * h), m = V::f16(s + 32 + 2 * V::R * h);
 #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const int64_t i = a.at(t0 + t, b);
-        acc[h][t] = V::fma(V::cvt(sum[t]), V::fmul(d, V::fset1(a.d[i])), acc[h][t]);
-        acc[h][t] = V::fma(m, V::fset1(a.sum[i]), acc[h][t]);
+        for (int t = 0; t < N; ++t) {
+          const int64_t i = a.at(t0 + t, b);
+          acc[h][t] = V::fma(V::cvt(sum[k][t]), V::fmul(d, V::fset1(a.d[i])), acc[h][t]);
+          acc[h][t] = V::fma(m, V::fset1(a.sum[i]), acc[h][t]);
+        }
       }
     }
   }
@@ -1060,6 +1077,7 @@ template <int N, bool FIVE>
 void tile_k45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
   constexpr int64_t SUB = FIVE ? 320 : 256;
   constexpr int EVERY = lines_per_total<FIVE ? 31 : 15, 2>();
+  constexpr int HI = halves_at_once<N>();
   V::F acc[H][N];
   for (int h = 0; h < H; ++h)
     for (int t = 0; t < N; ++t) acc[h][t] = V::fzero();
@@ -1068,37 +1086,45 @@ void tile_k45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, in
     prefetch(s, 320);
     const int8_t* x[N];
     for (int t = 0; t < N; ++t) x[t] = a.qkt(t0 + t, b);
-    for (int h = 0; h < H; ++h) {
-      V::I S[N];
-      for (int t = 0; t < N; ++t) S[t] = V::zero();
+    for (int h0 = 0; h0 < H; h0 += HI) {
+      V::I S[HI][N];
+      for (int k = 0; k < HI; ++k)
+        for (int t = 0; t < N; ++t) S[k][t] = V::zero();
       for (int j = 0; j < 8; ++j) {
-        if (h == 0) prefetch(c + SUB * j, SUB);
-        const V::S sc = V::scales_u8(s + 64 + 16 * j + V::R * h);
-        V::A dots[N];
-        for (int t = 0; t < N; ++t) dots[t] = V::azero();
-        each_line<FIVE ? 1 : 0>(c + SUB * j, 4 * V::R * h, [&](auto L, V::B lo, V::B hi) {
+        if (h0 == 0) prefetch(c + SUB * j, SUB);
+        V::S sc[HI];
+        for (int k = 0; k < HI; ++k) sc[k] = V::scales_u8(s + 64 + 16 * j + V::R * (h0 + k));
+        V::A dots[HI][N];
+        for (int k = 0; k < HI; ++k)
+          for (int t = 0; t < N; ++t) dots[k][t] = V::azero();
+        each_line<FIVE ? 1 : 0, HI>(c + SUB * j, 4 * V::R * h0, [&](auto L, const V::B* lo, const V::B* hi) {
 #pragma GCC unroll 8
-          for (int t = 0; t < N; ++t) {
-            dots[t] = V::dot(V::dot(dots[t], lo, xg(x[t], 8 * j + L)), hi, xg(x[t], 8 * j + 4 + L));
-            V::keep(dots[t]);
-          }
+          for (int t = 0; t < N; ++t)
+            for (int k = 0; k < HI; ++k) {
+              dots[k][t] = V::dot(V::dot(dots[k][t], lo[k], xg(x[t], 8 * j + L)), hi[k], xg(x[t], 8 * j + 4 + L));
+              V::keep(dots[k][t]);
+            }
           if constexpr ((L + 1) % EVERY == 0) {
 #pragma GCC unroll 8
-            for (int t = 0; t < N; ++t) S[t] = V::add(S[t], V::total_scaled(dots[t], sc)), dots[t] = V::azero();
+            for (int t = 0; t < N; ++t)
+              for (int k = 0; k < HI; ++k) S[k][t] = V::add(S[k][t], V::total_scaled(dots[k][t], sc[k])), dots[k][t] = V::azero();
           }
         });
       }
-      const V::F d = V::f16(s + 2 * V::R * h), dmin = V::f16(s + 32 + 2 * V::R * h);
+      for (int k = 0; k < HI; ++k) {
+        const int h = h0 + k;
+        const V::F d = V::f16(s + 2 * V::R * h), dmin = V::f16(s + 32 + 2 * V::R * h);
 #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const int64_t i = a.atk(t0 + t, b);
-        const int32_t* pairs = a.kpair.data() + 4 * i;
-        V::I M = V::madd_pairs(s + 192 + 2 * V::R * h, pairs[0]);
+        for (int t = 0; t < N; ++t) {
+          const int64_t i = a.atk(t0 + t, b);
+          const int32_t* pairs = a.kpair.data() + 4 * i;
+          V::I M = V::madd_pairs(s + 192 + 2 * V::R * h, pairs[0]);
 #pragma GCC unroll 4
-        for (int p = 1; p < 4; ++p) M = V::add(M, V::madd_pairs(s + 192 + 32 * p + 2 * V::R * h, pairs[p]));
-        const V::F dx = V::fset1(a.dk[i]);
-        acc[h][t] = V::fma(V::cvt(S[t]), V::fmul(d, dx), acc[h][t]);
-        acc[h][t] = V::fnma(V::cvt(M), V::fmul(dmin, dx), acc[h][t]);
+          for (int p = 1; p < 4; ++p) M = V::add(M, V::madd_pairs(s + 192 + 32 * p + 2 * V::R * h, pairs[p]));
+          const V::F dx = V::fset1(a.dk[i]);
+          acc[h][t] = V::fma(V::cvt(S[k][t]), V::fmul(d, dx), acc[h][t]);
+          acc[h][t] = V::fnma(V::cvt(M), V::fmul(dmin, dx), acc[h][t]);
+        }
       }
     }
   }
@@ -1109,6 +1135,7 @@ void tile_k45(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, in
 template <int N>
 void tile_k6(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int64_t ldo) {
   constexpr int EVERY = lines_per_total<63, 1>();  // lo and hi have scales of their own: a term a line each
+  constexpr int HI = halves_at_once<N>();
   V::F acc[H][N];
   for (int h = 0; h < H; ++h)
     for (int t = 0; t < N; ++t) acc[h][t] = V::fzero();
@@ -1117,38 +1144,46 @@ void tile_k6(const Part& w, int64_t g, const Act& a, int64_t t0, float* out, int
     prefetch(s, 288);
     const int8_t* x[N];
     for (int t = 0; t < N; ++t) x[t] = a.qkt(t0 + t, b);
-    for (int h = 0; h < H; ++h) {
-      V::I S[N];
-      for (int t = 0; t < N; ++t) S[t] = V::zero();
+    for (int h0 = 0; h0 < H; h0 += HI) {
+      V::I S[HI][N];
+      for (int k = 0; k < HI; ++k)
+        for (int t = 0; t < N; ++t) S[k][t] = V::zero();
       for (int j = 0; j < 8; ++j) {
-        if (h == 0) prefetch(c + 384 * j, 384);
-        const auto [sc_lo, sc_hi] = V::scales_i8_pairs(s + 32 + 32 * j + 2 * V::R * h);
-        V::A dots_lo[N], dots_hi[N];
-        for (int t = 0; t < N; ++t) dots_lo[t] = dots_hi[t] = V::azero();
-        each_line<2>(c + 384 * j, 4 * V::R * h, [&](auto L, V::B lo, V::B hi) {
+        if (h0 == 0) prefetch(c + 384 * j, 384);
+        V::S sc_lo[HI], sc_hi[HI];
+        for (int k = 0; k < HI; ++k) std::tie(sc_lo[k], sc_hi[k]) = V::scales_i8_pairs(s + 32 + 32 * j + 2 * V::R * (h0 + k));
+        V::A dots_lo[HI][N], dots_hi[HI][N];
+        for (int k = 0; k < HI; ++k)
+          for (int t = 0; t < N; ++t) dots_lo[k][t] = dots_hi[k][t] = V::azero();
+        each_line<2, HI>(c + 384 * j, 4 * V::R * h0, [&](auto L, const V::B* lo, const V::B* hi) {
 #pragma GCC unroll 8
-          for (int t = 0; t < N; ++t) {
-            dots_lo[t] = V::dot(dots_lo[t], lo, xg(x[t], 8 * j + L));
-            dots_hi[t] = V::dot(dots_hi[t], hi, xg(x[t], 8 * j + 4 + L));
-          }
+          for (int t = 0; t < N; ++t)
+            for (int k = 0; k < HI; ++k) {
+              dots_lo[k][t] = V::dot(dots_lo[k][t], lo[k], xg(x[t], 8 * j + L));
+              dots_hi[k][t] = V::dot(dots_hi[k][t], hi[k], xg(x[t], 8 * j + 4 + L));
+            }
           if constexpr ((L + 1) % EVERY == 0) {
 #pragma GCC unroll 8
-            for (int t = 0; t < N; ++t) {
-              S[t] = V::add(S[t], V::add(V::total_scaled(dots_lo[t], sc_lo), V::total_scaled(dots_hi[t], sc_hi)));
-              dots_lo[t] = dots_hi[t] = V::azero();
-            }
+            for (int t = 0; t < N; ++t)
+              for (int k = 0; k < HI; ++k) {
+                S[k][t] = V::add(S[k][t], V::add(V::total_scaled(dots_lo[k][t], sc_lo[k]), V::total_scaled(dots_hi[k][t], sc_hi[k])));
+                dots_lo[k][t] = dots_hi[k][t] = V::azero();
+              }
           }
         });
       }
-      const V::F d = V::f16(s + 2 * V::R * h);
+      for (int k = 0; k < HI; ++k) {
+        const int h = h0 + k;
+        const V::F d = V::f16(s + 2 * V::R * h);
 #pragma GCC unroll 8
-      for (int t = 0; t < N; ++t) {
-        const int64_t i = a.atk(t0 + t, b);
-        const int32_t* pairs = a.kpair16.data() + 8 * i;  // sums of 16 in int16 pairs
-        V::I M = V::madd_pairs(s + 32 + 2 * V::R * h, pairs[0], true);
+        for (int t = 0; t < N; ++t) {
+          const int64_t i = a.atk(t0 + t, b);
+          const int32_t* pairs = a.kpair16.data() + 8 * i;  // sums of 16 in int16 pairs
+          V::I M = V::madd_pairs(s + 32 + 2 * V::R * h, pairs[0], true);
 #pragma GCC unroll 8
-        for (int p = 1; p < 8; ++p) M = V::add(M, V::madd_pairs(s + 32 + 32 * p + 2 * V::R * h, pairs[p], true));
-        acc[h][t] = V::fma(V::cvt(V::sub(S[t], V::times32(M))), V::fmul(d, V::fset1(a.dk[i])), acc[h][t]);
+          for (int p = 1; p < 8; ++p) M = V::add(M, V::madd_pairs(s + 32 + 32 * p + 2 * V::R * h, pairs[p], true));
+          acc[h][t] = V::fma(V::cvt(V::sub(S[k][t], V::times32(M))), V::fmul(d, V::fset1(a.dk[i])), acc[h][t]);
+        }
       }
     }
   }
