@@ -11,9 +11,8 @@
 # gguf, platformdirs, fastapi (and its opentelemetry-api), starlette, uvicorn, httptools, pydantic,
 # pydantic-core, typing-extensions, attrs, anyio, llguidance, pytest-asyncio, ...
 # $LINGCODE_COMMIT names the commit measured (the machine's copy has no history).
-# The GGUF (98 MB) and the tracked tree (42 MB, mostly bench/results) outgrow one call's 64 MiB: delete
-# bench/results but prompts.jsonl from the working tree for the calls (git checkout restores it), and
-# carry the GGUF in two halves (`split -n 2`) in two calls, the first copying its half to /tmp.
+# The GGUF (98 MB) outgrows one call's 64 MiB: carry it in two halves (`split -n 2`) in two calls,
+# the first copying its half to /tmp.
 set -uo pipefail
 out=${1:-bench/results}
 parts=${2:-tests daemon one-process sglang kernels}
