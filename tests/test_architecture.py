@@ -1,5 +1,6 @@
-"""The code map (docs/architecture.md) stays true: no import cycles, and an editor keystroke runs
-code only in the files the map names.
+"""The code map (docs/architecture.md) stays true: no import cycles, an editor keystroke runs code
+only in the files the map names, every product file has its row in the map, and the map names
+nothing that is not in the repository.
 
 The keystroke is traced for real: a completer (lsp/completer.py) asks a real daemon for a
 suggestion, and the daemon side runs in this process (the app over a freshly loaded engine, so
@@ -85,6 +86,98 @@ def keystroke_files() -> set[str]:
     """The files the map names for a keystroke: its numbered chain and the paragraphs after it."""
     section = MAP[MAP.index("## An editor keystroke") : MAP.index("## An agent turn")]
     return set(re.findall(r"`((?:lingcode|server|lsp|tui)/[\w/]+\.py)`", section))
+
+
+PRODUCT_SUFFIXES = (".py", ".cpp", ".h")
+DATA = ROOT / "lingcode" / "data"
+# A row of the map's file tables: | `path from the repository's root` | its job |
+ROW = re.compile(r"^\| `([^`]+)` \| (.*\S) \|$", re.MULTILINE)
+
+
+def holds_code(init: Path) -> bool:
+    """Whether an __init__.py holds more than its docstring, imports, `__all__` and `__version__`
+    (the map's rule for which __init__.py files get a row)."""
+    for i, node in enumerate(ast.parse(init.read_text()).body):
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if all(isinstance(t, ast.Name) and t.id in ("__all__", "__version__") for t in targets):
+            continue
+        return True
+    return False
+
+
+def product_files() -> set[str]:
+    """Every product file, by its path from the repository's root: each .py, .cpp and .h of the
+    installed packages (an __init__.py only where it holds code), and each file under lingcode/data/."""
+    found = set()
+    for folder in PACKAGES.values():
+        for path in folder.rglob("*"):
+            parts = path.relative_to(folder).parts
+            if path.suffix not in PRODUCT_SUFFIXES or "__pycache__" in parts or not path.is_file():
+                continue
+            if folder.name == "lingcode" and parts[0] in ("server", "lsp", "tui"):
+                continue
+            if path.name == "__init__.py" and not holds_code(path):
+                continue
+            found.add(path.relative_to(ROOT).as_posix())
+    found.update(path.relative_to(ROOT).as_posix() for path in DATA.rglob("*")
+                 if path.is_file() and "__pycache__" not in path.parts)  # fmt: skip
+    return found
+
+
+def map_rows() -> list[str]:
+    """The paths of the map's rows, in order (a path named in two rows comes twice)."""
+    return [path for path, _job in ROW.findall(MAP)]
+
+
+def test_the_map_names_every_product_file_once():
+    rows = map_rows()
+    named = set(rows)
+    missing = sorted(product_files() - named)
+    rows_to_add = "\n".join(f"| `{path}` | its job |" for path in missing)
+    assert not missing, (f"docs/architecture.md has no row for: {', '.join(missing)}; "
+                         f"add to its folder's table:\n{rows_to_add}")
+    twice = sorted({path for path in rows if rows.count(path) > 1})
+    assert not twice, f"docs/architecture.md has more than one row for: {', '.join(twice)}"
+    not_product = sorted(named - product_files())
+    assert not not_product, ("docs/architecture.md has a row for what is not a product file (gone, renamed, "
+                             f"or an __init__.py that holds no code): {', '.join(not_product)}")  # fmt: skip
+
+
+def named_paths(text: str) -> set[str]:
+    """The paths a text names in backticks: a name that starts with one of the repository's top-level
+    entries (`lingcode/...`, `tests/...`, `bench/`), or a file name with a source or data suffix."""
+    top = {entry.name for entry in ROOT.iterdir() if not entry.name.startswith(".")}
+    paths = set()
+    for name in re.findall(r"`([^`\s]+)`", text):
+        if not re.fullmatch(r"[\w.-]+(?:/[\w.-]+)*/?", name):
+            continue  # code, a route (/v1/...), an identifier with other characters
+        if name.split("/")[0] in top or re.search(r"\w\.(?:py|cpp|h|toml|md|tcss)$", name):
+            paths.add(name)
+    return paths
+
+
+def test_the_map_refers_to_nothing_outside_the_repository():
+    gone = sorted(path for path in named_paths(MAP) if not (ROOT / path).exists())
+    assert not gone, f"docs/architecture.md names paths the repository does not have: {gone}"
+    for target in re.findall(r"\]\(([^)\s]+)\)", MAP):
+        assert not re.match(r"[a-z][\w+.-]*:", target), f"docs/architecture.md links outside the repository: {target}"
+        local = target.split("#")[0]
+        assert not local or (ROOT / "docs" / local).exists(), f"docs/architecture.md links to nothing: {target}"
+    outside = {
+        "a URL": r"\b(?:https?|ftp)://\S+",
+        "an issue or pull request": r"(?i)\b(?:issue|pull request|PR)s?\s*#?\s*\d+|(?<![\w&])#\d+\b",
+        "a brief": r"(?i)\bbriefs?\b",
+        "a date": r"\b\d{4}-\d{2}-\d{2}\b",
+        "a commit hash": r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b",
+        "a measurement": r"\b\d[\d.,]*\s?(?:ms|µs|us|MB|GB|KiB|MiB|GiB|tok/s|%)(?!\w)",
+    }
+    for what, pattern in outside.items():
+        found = [m.group(0) for m in re.finditer(pattern, MAP)]
+        assert not found, f"docs/architecture.md refers to {what}, which a reader of the repository lacks: {found}"
 
 
 class Tracer:
