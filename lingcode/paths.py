@@ -3,19 +3,22 @@
 They hold the token, the permission rules and every chat, so each is this user's only: created
 0700 whatever the umask, tightened back to 0700 if found looser, and refused if another user
 owns it (they could plant a token or an allow-all rule there). Files in them that hold secrets
-or conversations are made with private_file(), 0600.
+or conversations are made with private_file(), 0600. A LINGCODE_HOME the person made themselves
+keeps its mode: lingcode only says, once, when other users may look into it.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import platformdirs
 
 APP = "lingcode"
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+_warned: set[Path] = set()  # the homes whose mode this process has warned about
 
 
 class NotPrivate(PermissionError):
@@ -24,7 +27,27 @@ class NotPrivate(PermissionError):
 
 def _home() -> Path | None:
     home = os.environ.get("LINGCODE_HOME")
-    return Path(home).expanduser().resolve() if home else None
+    if not home:
+        return None
+    path = Path(home).expanduser().resolve()
+    _warn_if_open(path)
+    return path
+
+
+def _warn_if_open(home: Path) -> None:
+    """The person may share their own folder on purpose, so it is not chmod-ed; but they should know."""
+    if home in _warned or os.name != "posix":
+        return
+    try:
+        mode = stat.S_IMODE(home.stat().st_mode)
+    except OSError:  # not made yet: private_dir makes it 0700
+        return
+    if mode & 0o077:
+        _warned.add(home)
+        others = "list and rename what it holds" if mode & 0o022 else "list what it holds"
+        print(f"lingcode: WARNING: LINGCODE_HOME {home} is mode {mode:o}: other users may {others} (lingcode's "
+              f"folders in it are 0700). Run `chmod 700 {home}` unless you share it on purpose",
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def private_dir(path: Path) -> Path:

@@ -290,6 +290,43 @@ def test_the_chat_keeps_its_history_and_log_private_under_umask_000(tmp_path, mo
         assert "Traceback" not in result.stderr
 
 
+def test_a_lingcode_home_others_may_look_into_is_warned_about_once(tmp_path):
+    """Issue 62: a LINGCODE_HOME the person made 0755 stayed 0755 without a word. It is theirs, so it
+    keeps its mode (they may share it on purpose), but each process says so once, and what to do."""
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+
+    def chat() -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "lingcode", "chat", "--resume", "999"]
+        env = {**os.environ, "LINGCODE_HOME": str(home)}
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    result = chat()
+    assert result.returncode == 2 and "there is no chat session 999" in result.stderr, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
+    assert warnings == [f"lingcode: WARNING: LINGCODE_HOME {home.resolve()} is mode 755: other users may list what "
+                        f"it holds (lingcode's folders in it are 0700). Run `chmod 700 {home.resolve()}` unless you "
+                        "share it on purpose"], result.stderr  # fmt: skip
+    assert mode(home) == 0o755 and mode(home / "data") == 0o700
+    home.chmod(0o700)
+    assert "WARNING" not in chat().stderr
+
+
+def test_the_native_kernel_build_is_private_under_umask_000(tmp_path):
+    """Issue 62: built under umask 000, the CPU kernels' objects were 0666 and the library 0777 (in a 0700
+    folder, but a folder's mode is one chmod away). A real build, by the command `make test` runs first."""
+    home = tmp_path / "home"
+    env = {**os.environ, "LINGCODE_HOME": str(home), "LINGCODE_CPU_NATIVE": "1"}
+    result = subprocess.run([sys.executable, "-m", "lingcode.engine.local.cpu_native"], umask=0, timeout=1200,
+                            env=env, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0 and "native CPU code: ready" in result.stdout, result.stdout + result.stderr
+    built = [p for p in (home / "cache" / "native").rglob("*") if not p.is_symlink()]
+    assert {".o", ".so"} <= {p.suffix for p in built}
+    loose = {str(p.relative_to(home)): oct(mode(p)) for p in built if mode(p) & 0o077}
+    assert loose == {}
+
+
 def test_a_token_file_that_is_not_this_users_own_is_replaced_never_used(tmp_path, capsys):
     """Planted while the directory was open to others (issue 18, item 1): a link to a file the attacker
     knows, a FIFO (reading it would block the start for ever), another user's file (only root can make one)."""

@@ -371,6 +371,42 @@ async def test_the_agents_grep_and_commands_keep_to_the_rules(home, store, tmp_p
         assert results()["r1"].startswith("denied by rule 1") and "TOKEN" not in results()["r2"]
 
 
+async def test_a_symlink_loop_is_a_tool_error_and_a_folder_rule_covers_its_files(home, store, tmp_path):
+    """Issue 62, items 3 and 7, as the model's calls reach the app: with l1 -> l2 -> l1 in the project the
+    turn ended in an internal error and no tool result; a rule on `secrets` let grep and read_file in it."""
+    workdir = tmp_path / "project"
+    (workdir / "secrets").mkdir(parents=True)
+    (workdir / "secrets" / "key.txt").write_text("TOKEN=secret\n")
+    (workdir / "app.py").write_text("TOKEN = None\n")
+    (workdir / "l2").symlink_to("l1")
+    (workdir / "l1").symlink_to("l2")
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\nmatch = "secrets"\naction = "deny"\n')
+    rules.chmod(0o600)
+    app = chat_app(store, workdir, permissions=Permissions.load(rules), agent=True, max_tokens=1)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+
+        def tool_results() -> dict:
+            return {m.tool_call_id: m.content for m in store.messages(app.session.id) if m.role == "tool"}
+
+        await app.receive_tool_calls([Call("g1", "grep", json.dumps({"pattern": "TOKEN"})),
+                                      Call("d1", "list_dir", json.dumps({"path": "."})),
+                                      Call("r1", "read_file", json.dumps({"path": "l1"})),
+                                      Call("r2", "read_file", json.dumps({"path": "secrets/key.txt"})),
+                                      Call("w1", "write_file", json.dumps({"path": "l2", "content": ""}))])  # fmt: skip
+        await wait_until(pilot, lambda: idle(app) and len(tool_results()) == 5, "the agent loop")
+        results = tool_results()
+        assert not isinstance(app.screen, PermissionScreen) and not any("internal error" in n for n in notes(app))
+        assert "app.py:1: TOKEN = None" in results["g1"] and "TOKEN=secret" not in results["g1"]
+        assert "1 files not searched: the permission rules deny them" in results["g1"]
+        assert "l1 (a loop of symbolic links)" in results["g1"]
+        assert "l1  (a loop of symbolic links)" in results["d1"]
+        assert results["r1"] == "error: l1: a loop of symbolic links"
+        assert results["r2"].startswith("denied by rule 1")
+        assert results["w1"] == "error: l2: a loop of symbolic links"  # found before the person is asked
+
+
 async def test_the_agent_loop_runs_the_models_tool_calls(home, store, tmp_path, monkeypatch):
     """Needs tool calling in the daemon (issue 6); until the daemon has it, it refuses `tools` and this is skipped.
 

@@ -258,6 +258,89 @@ async def test_no_file_tool_blocks_on_a_fifo_or_a_device(planted):
     assert "pipe  (0 bytes)" in files.list_dir(root)
 
 
+@pytest.fixture
+def looped(project):
+    """The project with l1 -> l2 -> l1, a link into the loop, and a folder holding another loop."""
+    (project / "l2").symlink_to("l1")
+    (project / "l1").symlink_to("l2")
+    (project / "into-loop").symlink_to("l1")
+    (project / "deep").mkdir()
+    (project / "deep" / "x").symlink_to("x")  # a loop of one
+    return project
+
+
+def run_every_way(root, name: str, **arguments) -> str:
+    """The call as the app makes it: its subject, whether it is inside, its preview, then the run."""
+    call = Call("c", name, json.dumps(arguments))
+    call.subject(root), call.inside(root), call.preview(root)
+    return asyncio.run(asyncio.wait_for(call.run(root), 30))
+
+
+def test_a_symlink_loop_or_any_filesystem_error_is_a_tool_error(looped):
+    """Issue 62, item 3: pathlib's "Symlink loop" (a RuntimeError) got past the tools' error handling
+    and ended the agent's turn with an internal error; the model must read an error instead."""
+    found = run_every_way(looped, "grep", pattern="main")
+    assert found.splitlines()[1:] == ["README.md:2: main entry", "src/app.py:1: def main():"]
+    assert found.splitlines()[0].endswith("; 4 files or folders could not be read: into-loop (a loop of symbolic "
+                                          "links), l1 (a loop of symbolic links), l2 (a loop of symbolic links), "
+                                          "deep/x (a loop of symbolic links)")  # fmt: skip
+    listing = run_every_way(looped, "list_dir", path=".").splitlines()
+    assert {"l1  (a loop of symbolic links)", "l2  (a loop of symbolic links)", "deep/"} <= set(listing)
+    assert "x  (a loop of symbolic links)" in run_every_way(looped, "list_dir", path="deep")
+    long_name = "n" * 300  # over NAME_MAX: ENAMETOOLONG
+    for path in ("l1", "deep/x", "l1/inside.txt", "into-loop", long_name, f"{long_name}/a.txt"):
+        for name, arguments in [("read_file", {}), ("list_dir", {}), ("grep", {"pattern": "x"}),
+                                ("write_file", {"content": "x"}), ("apply_edit", {"old_text": "a", "new_text": "b"})]:  # fmt: skip
+            with pytest.raises(ToolError, match="a loop of symbolic links|File name too long"):
+                run_every_way(looped, name, path=path, **arguments)
+    with pytest.raises(ToolError, match="l1: a loop of symbolic links"):
+        files.read_file(looped, "l1")
+
+
+def test_a_rule_on_a_folder_covers_everything_under_it(tmp_path):
+    """Issue 62, item 7: match = "secrets" left secrets/key.txt readable by grep and read_file."""
+    root = tmp_path / "project"
+    (root / "secrets" / "deeper").mkdir(parents=True)
+    (root / "secrets" / "key.txt").write_text("KEY=top\n")
+    (root / "secrets" / "deeper" / "k2.txt").write_text("KEY=deeper\n")
+    (root / "src" / "secrets").mkdir(parents=True)
+    (root / "src" / "secrets" / "db.txt").write_text("KEY=nested folder\n")
+    (root / "secrets.txt").write_text("KEY=a file named like it, not in it\n")
+    (root / "notsecrets").mkdir()
+    (root / "notsecrets" / "a.txt").write_text("KEY=another folder\n")
+    (root / "public").symlink_to("secrets", target_is_directory=True)  # reached through a link
+    (root / "key-link.txt").symlink_to("secrets/key.txt")
+    os.link(root / "secrets" / "key.txt", root / "hard.txt")  # another name for the same file
+    rules = tmp_path / "permissions.toml"
+    rules.write_text('[[rule]]\ntool = "*"\nmatch = "secrets"\naction = "deny"\n')
+    rules.chmod(0o600)
+    permissions = Permissions.load(rules)
+
+    def action(name: str, **arguments) -> str:
+        call = Call("c", name, json.dumps(arguments))
+        return permissions.decide(name, call.subject(root), reads=call.tool.kind == "read",
+                                  inside=call.inside(root)).action  # fmt: skip
+
+    for path in ("secrets", "secrets/key.txt", "secrets/deeper/k2.txt", "src/secrets/db.txt", "public",
+                 "public/key.txt", "public/deeper", "key-link.txt", str(root / "secrets" / "key.txt")):  # fmt: skip
+        assert action("read_file", path=path) == "deny", path
+        assert action("list_dir", path=path) == "deny", path
+        assert action("grep", pattern="KEY", path=path) == "deny", path
+        assert action("write_file", path=path, content="x") == "deny", path
+        assert action("apply_edit", path=path, old_text="a", new_text="b") == "deny", path
+    for path in ("secrets.txt", "notsecrets/a.txt", "src", "."):
+        assert action("read_file", path=path) == "allow", path
+    found = files.grep(root, "KEY", check=permissions.file_check("grep", root, root, root_approved=False))
+    shown = sorted(line.split(":")[0] for line in found.splitlines()[1:])
+    # hard.txt is the one way in: rules see names, and a hard link is a name of its own (SECURITY.md says so)
+    assert shown == ["hard.txt", "notsecrets/a.txt", "secrets.txt"], found
+    assert "4 files not searched: the permission rules deny them" in found  # the three in folders, key-link.txt
+    # The rule names the folder, not what lies above it: a folder that holds it is searched.
+    assert "KEY=another folder" in files.grep(root, "KEY", path="notsecrets",
+                                                 check=permissions.file_check("grep", root, root / "notsecrets",
+                                                                              root_approved=False))  # fmt: skip
+
+
 def test_at_mentions_attach_files_whole_or_refuse(project):
     attachments, notes = attach("explain @src/app.py, and @missing.py or @src", project)
     assert attachments == [{"path": "src/app.py", "text": "def main():\n    return 1\n"}]

@@ -7,12 +7,18 @@ Only regular files of bounded size are read (lingcode/regular_file.py): a FIFO o
 the tree never blocks a tool. grep decides every file it reaches, after symlinks, with a check
 from the permission rules (permissions.py, Permissions.file_check): files a rule denies, and
 links leading out of the searched path, are not searched, and the result says so.
+
+Whatever the filesystem raises (a loop of symbolic links, a permission, a name too long, a file
+gone meanwhile) is a ToolError, which the model reads as the call's result: grep and list_dir
+name the entries they could not read and go on with the rest.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import fnmatch
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -34,10 +40,38 @@ class ToolError(Exception):
     """A tool could not do what was asked; the message goes back to the model."""
 
 
+def failure(error: OSError | RuntimeError) -> str:
+    """What went wrong in the filesystem, in words; pathlib before Python 3.13 raises RuntimeError for a loop."""
+    if isinstance(error, RuntimeError) or getattr(error, "errno", None) == errno.ELOOP:
+        return "a loop of symbolic links"
+    return error.strerror or str(error)
+
+
+def file_tool(function: Callable) -> Callable:
+    """A tool over the filesystem: whatever the filesystem raises becomes a ToolError, naming the file."""
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (OSError, RuntimeError) as e:
+            name = getattr(e, "filename", None) or kwargs.get("path")
+            raise ToolError(f"{name}: {failure(e)}" if name else failure(e)) from None
+
+    return run
+
+
 def resolve(workdir: Path, path: str) -> Path:
     if not isinstance(path, str) or not path:
         raise ToolError("path must be a non-empty string")
-    return (workdir / Path(path).expanduser()).resolve()
+    try:
+        name = Path(path).expanduser()
+    except RuntimeError as e:  # ~nobody
+        raise ToolError(f"{path}: {e}") from None
+    try:
+        return (workdir / name).resolve()
+    except (OSError, RuntimeError) as e:
+        raise ToolError(f"{path}: {failure(e)}") from None
 
 
 def display(workdir: Path, path: Path) -> str:
@@ -65,6 +99,7 @@ def read_text(path: Path, max_bytes: int = READ_FILE_BYTES) -> str:
         raise ToolError(f"{path} is not UTF-8 text") from None
 
 
+@file_tool
 def read_file(workdir: Path, path: str, offset: int = 1, limit: int = READ_LINES) -> str:
     target = resolve(workdir, path)
     lines = read_text(target).splitlines()
@@ -87,6 +122,7 @@ def _clip(line: str) -> str:
     return f"{line[:MAX_LINE_CHARS]}... [line cut: {len(line) - MAX_LINE_CHARS} more characters]"
 
 
+@file_tool
 def list_dir(workdir: Path, path: str = ".") -> str:
     target = resolve(workdir, path)
     if not target.is_dir():
@@ -99,8 +135,11 @@ def list_dir(workdir: Path, path: str = ".") -> str:
 
 
 def _entry(workdir: Path, listed: Path, path: Path) -> str:
-    if path.is_symlink() and not _within(path.resolve(), workdir.resolve(), listed):
-        return f"{path.name}  (a link out of the working directory)"  # its size is no business of this listing
+    try:
+        if path.is_symlink() and not _within(path.resolve(), workdir.resolve(), listed):
+            return f"{path.name}  (a link out of the working directory)"  # its size is no business of this listing
+    except (OSError, RuntimeError) as e:
+        return f"{path.name}  ({failure(e)})"
     return f"{path.name}/" if path.is_dir() else f"{path.name}  ({_size(path)})"
 
 
@@ -111,10 +150,11 @@ def _within(target: Path, *roots: Path) -> bool:
 def _size(path: Path) -> str:
     try:
         return f"{path.stat().st_size} bytes"
-    except OSError:
-        return "unreadable"
+    except OSError as e:
+        return failure(e)
 
 
+@file_tool
 def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*",
          check: Callable[[Path], str] | None = None) -> str:  # fmt: skip
     """check(resolved file) -> "allow" | "ask" | "deny" decides each file; without one, a file is
@@ -130,10 +170,19 @@ def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*",
     matches: list[str] = []
     total = skipped = denied = 0
     held_back: list[str] = []
-    for file in _walk(root):
+    unreadable: list[str] = []  # what the filesystem refused, and why
+
+    def refused(error: OSError | RuntimeError, where: str | Path) -> None:
+        unreadable.append(f"{display(workdir, Path(where))} ({failure(error)})")
+
+    for file in _walk(root, lambda e: refused(e, e.filename)):
         if not fnmatch.fnmatch(file.name, glob):
             continue
-        target = file.resolve()
+        try:
+            target = file.resolve()
+        except RuntimeError as e:
+            refused(e, file)
+            continue
         action = check(target)
         if action != "allow":
             denied += action == "deny"
@@ -145,7 +194,10 @@ def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*",
                 skipped += 1
                 continue
             text = read_text(target, GREP_FILE_BYTES)
-        except (ToolError, OSError):
+        except OSError as e:  # a loop, a permission, a file gone meanwhile
+            refused(e, file)
+            continue
+        except ToolError:  # not text: binary, not UTF-8, a FIFO or device
             continue
         for number, line in enumerate(text.splitlines(), start=1):
             if regex.search(line):
@@ -163,19 +215,23 @@ def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*",
         named = ", ".join(held_back[:NAMED_FILES]) + (", ..." if len(held_back) > NAMED_FILES else "")
         summary += (f"; {len(held_back)} files not searched without the person's consent (links out of the searched "
                     f"path, or rules that ask): {named}; read_file asks for them")  # fmt: skip
+    if unreadable:
+        named = ", ".join(unreadable[:NAMED_FILES]) + (", ..." if len(unreadable) > NAMED_FILES else "")
+        summary += f"; {len(unreadable)} files or folders could not be read: {named}"
     return "\n".join([summary, *matches])
 
 
-def _walk(root: Path):
+def _walk(root: Path, refused: Callable[[OSError], None]):
     if root.is_file():
         yield root
         return
-    for directory, dirs, files in os.walk(root):
+    for directory, dirs, files in os.walk(root, onerror=refused):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
         for name in sorted(files):
             yield Path(directory) / name
 
 
+@file_tool
 def edited_text(workdir: Path, path: str, old_text: str, new_text: str) -> tuple[Path, str, str]:
     """The file and its text before and after replacing the one occurrence of old_text."""
     target = resolve(workdir, path)
@@ -190,12 +246,14 @@ def edited_text(workdir: Path, path: str, old_text: str, new_text: str) -> tuple
     return target, before, before.replace(old_text, new_text, 1)
 
 
+@file_tool
 def apply_edit(workdir: Path, path: str, old_text: str, new_text: str) -> str:
     target, before, after = edited_text(workdir, path, old_text, new_text)
     target.write_text(after, encoding="utf-8")
     return f"edited {display(workdir, target)}\n{unified_diff(workdir, target, before, after)}"
 
 
+@file_tool
 def write_file(workdir: Path, path: str, content: str) -> str:
     target = resolve(workdir, path)
     if target.is_dir():
@@ -209,6 +267,7 @@ def write_file(workdir: Path, path: str, content: str) -> str:
     return f"{verb} {display(workdir, target)} ({len(content.splitlines())} lines)"
 
 
+@file_tool
 def write_preview(workdir: Path, path: str, content: str) -> str:
     """The diff a write_file call would make, for the permission prompt."""
     target = resolve(workdir, path)

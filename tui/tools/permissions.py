@@ -14,7 +14,10 @@ ask, and the UI says why.
 
 Paths are matched after symlinks are resolved, relative to the working directory (absolute
 outside it); a glob without "/" also matches the file's name in any folder (".env*" denies
-sub/.env too). grep decides every file it reaches the same way (file_check).
+sub/.env too). A rule that matches a folder covers everything under it, for every file tool:
+"secrets" denies secrets/key.txt, a/secrets/b/c, and a link whose target lies under one of them.
+grep decides every file it reaches the same way (file_check). Rules see names: a hard link
+elsewhere to a denied file is another name for it, and is not covered.
 
 A command line is read with a shell tokenizer (shlex). An allow rule allows only a plain command:
 one that chains (; && || &), pipes, redirects, substitutes ($, `) or spans lines gets asked about,
@@ -47,8 +50,9 @@ EXAMPLE = """\
 # lingcode chat: which agent tool calls run without asking. The first matching rule decides.
 #   tool   = a tool name (read_file, list_dir, grep, apply_edit, write_file, run_command) or "*"
 #   match  = a glob on what the call touches: the path (relative to the working directory, after
-#            symlinks; a glob without "/" also matches a file name in any folder) for file tools,
-#            the whole command line for run_command (default "*")
+#            symlinks; a glob without "/" also matches a file name in any folder; a rule that
+#            matches a folder covers everything under it) for file tools, the whole command line
+#            for run_command (default "*")
 #   action = "allow", "ask" or "deny"
 # Without a matching rule, reads inside the working directory are allowed and the rest asks.
 # An allow rule for run_command never allows a line that chains, pipes, redirects or substitutes
@@ -81,9 +85,12 @@ class Rule:
             return False
         if tool == COMMAND_TOOL:
             return self._applies_to_command(subject)
-        if fnmatch.fnmatchcase(subject, self.match):
+        return any(self._applies_to_path(path) for path in _path_and_folders(subject))
+
+    def _applies_to_path(self, path: str) -> bool:
+        if fnmatch.fnmatchcase(path, self.match):
             return True
-        return "/" not in self.match and fnmatch.fnmatchcase(posixpath.basename(subject), self.match)
+        return "/" not in self.match and fnmatch.fnmatchcase(posixpath.basename(path), self.match)
 
     def _applies_to_command(self, line: str) -> bool:
         if self.match == "*":
@@ -91,6 +98,14 @@ class Rule:
         if self.action == "allow":  # only a plain command: nothing else may ride along
             return plain_command(line) and fnmatch.fnmatchcase(line, self.match)
         return any(fnmatch.fnmatchcase(part, self.match) for part in (line, *commands_in(line)))
+
+
+def _path_and_folders(path: str) -> list[str]:
+    """The path and each folder it lies in, up to the working directory or "/" (which would match ".*")."""
+    paths = [path]
+    while (path := posixpath.dirname(path)) not in ("", ".", "/"):
+        paths.append(path)
+    return paths
 
 
 def _tokens(line: str) -> list[str] | None:

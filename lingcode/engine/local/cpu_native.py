@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import os
 import platform
+import stat
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,7 @@ def _build() -> ModuleType | None:
     try:
         if not library.exists():
             _compile(where)
+        _tighten(where)
         spec = importlib.util.spec_from_file_location(NAME, library)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)  # registers lingcode::decode_attention too
@@ -113,6 +115,18 @@ def _compile(where: Path) -> None:
     cpp_extension.load(name=NAME, sources=[str(p) for p in SOURCES], extra_cflags=compiler_flags(),
                        extra_ldflags=["-fopenmp"], extra_include_paths=[str(HERE)], build_directory=str(where),
                        is_python_module=True, verbose=False)  # fmt: skip
+
+
+def _tighten(where: Path) -> None:
+    """The build's files for this user only: ninja and the compiler make them under the umask (0666
+    objects and a 0777 library under umask 000), and an older lingcode left them so."""
+    for path in (where, *where.rglob("*")):
+        try:
+            mode = path.lstat().st_mode
+            if not stat.S_ISLNK(mode) and mode & 0o077:
+                os.chmod(path, stat.S_IMODE(mode) & 0o700)
+        except OSError:  # gone meanwhile: a build beside ours takes its lock file away
+            continue
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start) -> torch.Tensor:
