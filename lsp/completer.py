@@ -177,9 +177,8 @@ class Completer:
 
     async def _ask_daemon(self, cursor: Cursor) -> tuple[str, dict]:
         """One POST, answered whole: a suggestion is shown only once its line is done, so a stream
-        of tokens would only wake this process and the daemon's writer between steps. (Measured on 2
-        cores: no difference beyond run-to-run noise, bench/results/lsp-stream-cost-2026-11-30.txt.)
-        Cancelling the call closes the connection, which aborts the request in the engine."""
+        of tokens would only wake this process and the daemon's writer between steps (streamed or
+        not made no measurable difference: docs/engine-notes.md). Cancelling the call closes the connection, which aborts the request in the engine."""
         client = await self.link.ready()
         self.stats.engine_calls += 1
         final = await client.post(ROUTE, self._body(cursor))

@@ -53,7 +53,7 @@ class NGramDrafter:
     sequence itself. An editor asks again after each keystroke that leaves the suggestion shown,
     and the model's new text often repeats parts of what it suggested just before (the rest of a
     line after a different character, the same call's arguments), text that is in no prompt
-    (measured by bench/lsp_replay_drafts.py: docs/engine-notes.md).
+    (docs/engine-notes.md has the measurement).
 
     One drafter serves request after request: start() keeps the index of the tokens the new
     sequence shares with the last one and indexes only the rest, so a keystroke's completion (the
