@@ -49,6 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         log_level=args.log_level,
         session_idle_s=args.session_idle,
+        max_sessions=args.max_sessions,
+        session_memory_mb=args.session_memory,
         allow_remote=args.allow_remote,
         allowed_hosts=tuple(args.allow_host),
         allowed_origins=tuple(args.allow_origin),
@@ -304,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
     serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,
                        help="agent sessions (/v1/sessions) are forgotten after S seconds without a turn (default: 1800)")
+    serve.add_argument("--max-sessions", metavar="N", type=_positive, default=64,
+                       help="agent sessions kept at most; past it the one idle longest is forgotten (default: 64)")
+    serve.add_argument("--session-memory", metavar="MB", type=_positive, default=64,
+                       help="MiB of agent sessions kept at most; past it the ones idle longest are forgotten (default: 64)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        default="info", help="log verbosity (default: info)")
     serve.add_argument("--log-format", choices=["json", "text"], default="json",

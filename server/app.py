@@ -42,7 +42,7 @@ from lingcode.server.openai.completions import CompletionsServing
 from lingcode.server.responses.serving import ResponsesServing
 from lingcode.server.serving import DirectRoutes
 from lingcode.server.sessions.serving import SessionsServing
-from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, SessionStore
+from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BYTES, DEFAULT_MAX_SESSIONS, SessionStore
 from lingcode.agent import grammar
 from lingcode.agent.tool_prompt import template_takes_tools
 from lingcode.text.chat_template import compile_template
@@ -50,7 +50,8 @@ from lingcode.text.chat_template import compile_template
 
 def create_app(
     scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES,
-    session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_bytes: int = DEFAULT_MAX_BYTES,
     allowed_hosts: tuple[str, ...] = (), allowed_origins: tuple[str, ...] = (), unix_socket: str | None = None,
 ) -> FastAPI:
     """allowed_hosts / allowed_origins: Host names and browser origins served besides loopback ones
@@ -70,7 +71,7 @@ def create_app(
     app.add_middleware(AccessGuard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
     app.add_middleware(RequestObserver, routes=app.router.routes)
     ready_first_requests(info)
-    sessions = SessionStore(session_idle_s)
+    sessions = SessionStore(session_idle_s, max_sessions, session_bytes)
     served = (scheduler, info, model_id, max_body_bytes)
     editor = EditorServing(*served)
     # The APIs first: a request is matched against the routes in order, by the router and for its

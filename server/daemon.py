@@ -303,6 +303,8 @@ def serve(
     engine_url: str | None = None,
     profile: str | None = None,
     session_idle_s: float = 1800.0,
+    max_sessions: int = 64,
+    session_memory_mb: int = 64,
     allow_remote: bool = False,
     allowed_hosts: tuple[str, ...] = (),
     allowed_origins: tuple[str, ...] = (),
@@ -404,6 +406,7 @@ def serve(
 
     scheduler = Scheduler(local_engine, max_queue=max_queue)
     app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,
+                     max_sessions=max_sessions, session_bytes=session_memory_mb * 2**20,
                      allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
                      unix_socket=str(unix_socket) if unix_socket else None)  # fmt: skip
     url = socket_url(sock)

@@ -330,7 +330,7 @@ class Serving:
         """Whether the prompt `text` surely leaves the answer room in the context, before it is
         tokenized: a token stands for at least one byte of the text, bar a few a tokenizer adds
         (sampling_params then checks the exact count)."""
-        bound = len(text.encode()) + PROMPT_TOKENS_ADDED
+        bound = len(self.info.tokenizer.unmark(text).encode()) + PROMPT_TOKENS_ADDED
         return bound + (sampling.max_tokens or 1) <= self.info.context_length
 
     def sampling_params(self, fields: Sampling, prompt_tokens: int, what: str) -> tuple[SamplingParams, bool]:

@@ -187,3 +187,34 @@ def test_valid_generation_requests_are_always_answered(daemon, auth, engine):
 
     run()
 
+
+
+def test_special_token_text_in_messages_and_tool_results_is_counted_as_text(daemon, engine):
+    """Issue 62: text from a client that spells control tokens, mixed with pieces of them, lingcode's
+    own marks and any other text, adds exactly its plain-text tokens to the prompt, in a user
+    message and in a tool result (count_tokens renders the chat as every route does)."""
+    tok = engine.info.tokenizer
+    specials = sorted(tok.hf.get_added_tokens_decoder()[i].content for i in tok.special_ids)
+    pieces = st.sampled_from([*specials, "<|", "|>", "im_start", "<tool_call>", "\n", " ", "x", "é", "🙂", "\U0010fffd",
+                              "\U000f0000", "\U000f0003"]) | st.text(max_size=3)  # fmt: skip
+    headers = {"x-api-key": daemon.token, "anthropic-version": "2023-06-01"}
+
+    def count(text: str) -> int:
+        messages = [{"role": "user", "content": text},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "read_file", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": text}]}]  # fmt: skip
+        response = httpx.post(daemon.url + "/v1/messages/count_tokens", headers=headers, timeout=60, json={
+            "model": "m", "messages": messages, "tools": [{"name": "read_file", "input_schema": {"type": "object"}}]})  # fmt: skip
+        assert response.status_code == 200, response.text
+        return response.json()["input_tokens"]
+
+    empty = count("az")
+
+    @given(text=st.lists(pieces, max_size=12).map("".join))
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def run(text):
+        # between letters: the template's own text around it splits off the same way
+        plain = len(tok.encode_text("a" + text + "z")) - len(tok.encode_text("az"))
+        assert count("a" + text + "z") - empty == 2 * plain, repr(text)
+
+    run()

@@ -103,3 +103,53 @@ def test_bad_turns_are_400s(http, body):
     session = new_session(http)
     response = http.post(f"/v1/sessions/{session['id']}/turns", json=body)
     assert response.status_code == 400 and response.json()["error"]["message"]
+
+
+# --- bounds (issue 62, item 5) -------------------------------------------------------------------
+
+
+def test_a_history_past_the_context_is_refused_when_the_session_is_created(http):
+    """A 3 MB history was taken and kept for days, its history_tokens 0. Now it is counted when the
+    session is created: past the context it is a 400 in OpenAI's shape, and nothing is kept."""
+    open_before = http.get("/v1/lingcode/stats").json()["sessions"]["open"]
+    context = http.get("/v1/models").json()["data"][0]["context_length"]
+    response = http.post("/v1/sessions", json={"messages": [{"role": "user", "content": "word " * (2 * context)}]})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert f"maximum context length is {context} tokens" in error["message"]
+    assert http.get("/v1/lingcode/stats").json()["sessions"]["open"] == open_before
+    kept = new_session(http, messages=[{"role": "user", "content": "word " * 100}])
+    assert 100 <= kept["history_tokens"] < context  # what its first turn's prompt will hold
+
+
+@pytest.fixture(scope="module")
+def bounded(model_path, tmp_path_factory):
+    """A daemon of its own whose session store keeps at most 3 sessions and 1 MiB of them."""
+    from conftest import serve, share_built_caches
+
+    home = share_built_caches(tmp_path_factory.mktemp("bounded-home"))
+    daemon = serve(model_path, home, "--max-sessions", "3", "--session-memory", "1")
+    with httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=120) as client:
+        yield client
+    daemon.process.terminate()
+    daemon.process.wait(timeout=30)
+
+
+def test_the_store_forgets_the_sessions_idle_longest_past_its_count_and_bytes(bounded):
+    """The store is bounded by count and by bytes; past either the sessions idle longest are
+    forgotten first (a turn makes a session the latest used), and their ids get a 404 that says why."""
+    first, second, third = (new_session(bounded) for _ in range(3))
+    turn(bounded, first["id"], [{"role": "user", "content": "hi"}], max_tokens=1)  # now the latest used
+    fourth = new_session(bounded)  # one too many: the one idle longest goes, which is the second
+    gone = bounded.get(f"/v1/sessions/{second['id']}")
+    assert gone.status_code == 404 and "at most 3 sessions and 1 MiB" in gone.json()["error"]["message"]
+    assert {s["id"] for s in bounded.get("/v1/sessions").json()["data"]} == {first["id"], third["id"], fourth["id"]}
+    for session in (first, third, fourth):
+        bounded.delete(f"/v1/sessions/{session['id']}")
+    # by bytes: 400 KB of history each (it fits the context: "#" * 80 is one token), the third is past 1 MiB
+    big = [new_session(bounded, messages=[{"role": "user", "content": "#" * 400_000}]) for _ in range(3)]
+    assert {s["id"] for s in bounded.get("/v1/sessions").json()["data"]} == {big[1]["id"], big[2]["id"]}
+    stats = bounded.get("/v1/lingcode/stats").json()["sessions"]
+    assert stats["evicted"] == 2 and stats["bytes"] <= stats["max_bytes"] == 2**20 and stats["max_sessions"] == 3
+    reply = turn(bounded, big[2]["id"], [{"role": "user", "content": "hi"}], max_tokens=1)  # a kept one still works
+    assert reply["session"]["turn"] == 1

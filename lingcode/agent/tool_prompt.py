@@ -73,21 +73,27 @@ def render_prompt(info: ModelInfo, family: Family, messages: list[dict], tools: 
                   add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> str:  # fmt: skip
     """The prompt text for these messages and tools (raises TemplateError for bad messages).
 
+    Everything the client sent (messages, tool results, tools, template variables) goes into the
+    template with its special-token text marked, so that info.tokenizer.encode() gives special ids
+    only for what the template and lingcode write themselves.
     `template_kwargs` are extra template variables (lingcode.agent.thinking: enable_thinking, ...).
     """
-    extra = dict(template_kwargs or {})
+    mark = info.tokenizer.mark_specials
+    extra = mark(dict(template_kwargs or {}))
+    # arguments parsed first: JSON can spell a token's text in escapes (\u003c|im_start|\u003e)
+    messages = mark([_with_object_arguments(m) for m in messages])
     if tools and template_takes_tools(info.chat_template):
-        return render_chat(info.chat_template, [_with_object_arguments(m) for m in messages],
+        return render_chat(info.chat_template, messages,
                            add_generation_prompt=add_generation_prompt, bos_token=info.bos_token,
-                           eos_token=info.eos_token, tools=[t.openai() for t in tools], **extra)  # fmt: skip
+                           eos_token=info.eos_token, tools=mark([t.openai() for t in tools]), **extra)  # fmt: skip
     if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        messages = _as_plain_chat(messages, family, tools)
+        messages = _as_plain_chat(messages, family, tools, mark)
     return render_chat(info.chat_template, messages, add_generation_prompt=add_generation_prompt,
                        bos_token=info.bos_token, eos_token=info.eos_token, **extra)  # fmt: skip
 
 
-def tool_system_block(family: Family, tools: list[Tool]) -> str:
-    listing = "\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in tools)
+def tool_system_block(family: Family, tools: list[Tool], mark=lambda value: value) -> str:
+    listing = "\n".join(json.dumps(mark(t.openai()), ensure_ascii=False) for t in tools)
     return (_LING3_BLOCK if family.tool_parser == "ling3" else _HERMES_BLOCK).format(tools=listing)
 
 
@@ -101,7 +107,7 @@ def format_call(family: Family, name: str, arguments: str) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}</tool_call>"
 
 
-def _as_plain_chat(messages: list[dict], family: Family, tools: list[Tool]) -> list[dict]:
+def _as_plain_chat(messages: list[dict], family: Family, tools: list[Tool], mark) -> list[dict]:
     out: list[dict] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -120,7 +126,7 @@ def _as_plain_chat(messages: list[dict], family: Family, tools: list[Tool]) -> l
     for m in out:
         m.pop("_tool_responses", None)
     if tools:
-        block = tool_system_block(family, tools)
+        block = tool_system_block(family, tools, mark)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block}
         else:

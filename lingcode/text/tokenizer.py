@@ -95,10 +95,15 @@ def _pre_tokenizer(pre: str):
 RELEASE_GIL_CHARS = 16_384  # longer texts are encoded with the GIL released
 PIECE_CACHE_CHARS = 4_000_000  # text kept by encode()'s cache of pieces between added tokens
 REUSE_CHARS = 4_096  # encode() keeps the last text this long or longer, to reuse its ids
+# A special token's text inside a client's text, as mark_specials() writes it: MARK, a private-use
+# character naming which one, MARK. encode() reads it back as that text, tokenized as plain text.
+MARK = "\U0010fffd"
+_MARKED = 0xF0000  # the private-use character of special text n is chr(_MARKED + n)
 
 
 class Tokenizer:
-    """Text <-> token ids. Special-token text in the input (e.g. <|im_start|>) becomes its id."""
+    """Text <-> token ids. Special-token text in the input (e.g. <|im_start|>) becomes its id,
+    unless mark_specials() marked it (a client's text in a chat prompt)."""
 
     def __init__(self, hf: HFTokenizer):
         self.hf = hf
@@ -127,6 +132,13 @@ class Tokenizer:
             hf.encode_special_tokens = True
             self._plain = hf
         self._last: tuple[str, list[int], list[tuple[int, int]]] | None = None  # text, ids, (char end, ids) per added token
+        # The texts mark_specials() marks: every special token's (leftmost, then longest), and MARK itself.
+        specials = sorted((t.content for t in added.values() if t.special), key=len, reverse=True)
+        self._special_texts = [*specials, MARK]
+        self._special_index = {text: n for n, text in enumerate(self._special_texts)}
+        self._find_special = re.compile("|".join(map(re.escape, self._special_texts)))
+        self._split_special = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
+        self._find_marked = re.compile(f"{MARK}([{chr(_MARKED)}-{chr(_MARKED + len(self._special_texts) - 1)}]){MARK}")
 
     # Pickled (in a prepared model's checkpoint, the engine process's ModelInfo) as the tokenizer alone,
     # and built again when loaded: one that an earlier lingcode pickled gets this version's attributes.
@@ -169,9 +181,31 @@ class Tokenizer:
     def from_file(cls, path: str | Path) -> "Tokenizer":
         return cls(HFTokenizer.from_file(str(path)))
 
+    def mark_specials(self, value):
+        """value (a string, or lists and dicts of them: messages, tools) with every special token's
+        text marked, so that encode() takes it as plain text: a client's text rendered into a chat
+        template cannot fake the template's turns. Only what the template writes itself is special."""
+        if isinstance(value, str):
+            return self._find_special.sub(self._mark, value)
+        if isinstance(value, dict):
+            return {k: self.mark_specials(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.mark_specials(v) for v in value]
+        return value
+
+    def _mark(self, found: re.Match) -> str:
+        return f"{MARK}{chr(_MARKED + self._special_index[found.group()])}{MARK}"
+
+    def unmark(self, text: str) -> str:
+        """text with what mark_specials() marked written back as it was."""
+        if MARK not in text:
+            return text
+        return self._find_marked.sub(lambda found: self._special_texts[ord(found.group(1)) - _MARKED], text)
+
     def encode(self, text: str) -> list[int]:
+        """The text's ids: special-token text is its id, unless mark_specials() marked it."""
         if self._split is None:
-            return self._encode(text)
+            return self._encode_marked(text) if MARK in text else self._encode(text)
         # 1. what the last long text gives of this one: the ids up to an added token both share
         long = self._reuses and len(text) >= REUSE_CHARS
         start, ids, ends = 0, [], []
@@ -222,12 +256,25 @@ class Tokenizer:
             return cached
         # Short pieces too: a template's own ("\n", "assistant\n") recur in every prompt, and
         # after an engine step has gone through the caches one encode call costs ~40 us, a lookup ~1.
-        ids = self._encode(text)
+        # The tokenizer takes special-token text as text here (encode_special_tokens), marked or not.
+        ids = self._encode(self.unmark(text))
         self._pieces[text] = ids
         self._piece_chars += len(text)
         while self._piece_chars > PIECE_CACHE_CHARS:
             old, _ = self._pieces.popitem(last=False)
             self._piece_chars -= len(old)
+        return ids
+
+    def _encode_marked(self, text: str) -> list[int]:
+        # A tokenizer whose added tokens do not split plainly: the special tokens the template wrote
+        # are their ids, the text between them (marked text written back) is encoded as encode_text().
+        ids: list[int] = []
+        pieces = self._split_special.split(text) if self._split_special is not None else [text]
+        for i, piece in enumerate(pieces):
+            if i % 2:
+                ids.append(self.hf.token_to_id(piece))
+            elif piece:
+                ids += self.encode_text(self.unmark(piece))
         return ids
 
     def encode_text(self, text: str) -> list[int]:

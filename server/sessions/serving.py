@@ -6,6 +6,11 @@
     DELETE /v1/sessions/{id}          forget it
     POST   /v1/sessions/{id}/turns    append {messages: [new ones only]} and generate
 
+A session's history is bounded by the model's context: messages given at creation whose prompt
+does not fit get a 400 `context_length_exceeded`, as a turn past it does. The store keeps at most
+`max_sessions` sessions and `max_bytes` of them (`lingcode serve --max-sessions`, `--session-memory`);
+past either, the sessions idle longest are forgotten (their id gets a 404 saying so).
+
 A turn takes a chat-completions body (sampling, stop, stream, tool_choice, response_format; not
 `tools`, which are the session's) and answers in chat-completions shape, plus a `session` object:
 `appended_tokens` (the new messages' tokens) and `history_tokens`. A turn that fails or is
@@ -21,11 +26,11 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from lingcode.agent.sessions import Session, SessionError, SessionStore, commit, turn_prompt
+from lingcode.agent.sessions import Session, SessionError, SessionStore, StoreFull, turn_prompt
 from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent
 from lingcode.server.validation import read_json
-from lingcode.server.errors import APIError, invalid
+from lingcode.server.errors import APIError, ContextLengthExceeded, invalid
 from lingcode.server.openai.chat import ChatShape
 from lingcode.server.openai.protocol import json_format
 from lingcode.server.openapi import request_body
@@ -57,7 +62,18 @@ class SessionsServing(Serving):
             check_unique_tool_names(t.name for t in tools)
         except ValueError as exc:
             raise invalid(str(exc), param="tools") from None
-        session = self.store.create(self.family, tools, [m.for_template() for m in body.messages], body.idle_timeout_s)
+        messages = [m.for_template() for m in body.messages]
+        counted = 0
+        if messages:  # the prompt they make, as the first turn would render it: it must fit the context
+            counted = len((await self.prompt_ids(messages, tools))[0])
+            if counted >= self.info.context_length:
+                raise ContextLengthExceeded(self.info.context_length, counted, what="messages")
+        try:
+            session = self.store.create(self.family, tools, messages, body.idle_timeout_s, counted)
+        except SessionError as exc:
+            raise invalid(str(exc), param="messages") from None
+        except StoreFull as exc:
+            raise APIError(503, str(exc), code="session_store_full") from None
         return JSONResponse(session.describe())
 
     async def list(self) -> dict:
@@ -100,24 +116,24 @@ class SessionsServing(Serving):
         return Prepared(turn, shape, bool(body.stream), json_format(body.response_format), release=release)
 
     def run(self, prepared: Prepared) -> AsyncIterator[list[TurnEvent]]:
-        return _recorded(prepared.shape.session, prepared.turn.input_ids, super().run(prepared), prepared.release)
+        return _recorded(self.store, prepared.shape.session, prepared.turn.input_ids, super().run(prepared), prepared.release)
 
     def _session(self, session_id: str) -> Session:
         session = self.store.get(session_id)
         if session is None:
-            raise APIError(404, f"no session {session_id!r} (never created, deleted, or expired after being idle)",
-                           code="session_not_found")  # fmt: skip
+            raise APIError(404, f"no session {session_id!r} (never created, deleted, expired after being idle, or "
+                                f"forgotten for newer ones: {self.store.bounds()})", code="session_not_found")  # fmt: skip
         return session
 
 
-async def _recorded(session: Session, input_ids: list[int], events: AsyncIterator[list[TurnEvent]],
+async def _recorded(store: SessionStore, session: Session, input_ids: list[int], events: AsyncIterator[list[TurnEvent]],
                     release) -> AsyncIterator[list[TurnEvent]]:  # fmt: skip
     """The turn's events; a finished turn is committed to the history before its end is shaped."""
     try:
         async for batch in events:
             end = batch[-1]
             if isinstance(end, TurnEnd) and end.finish_reason != "abort":
-                commit(session, input_ids, end.output_ids)
+                store.commit(session, input_ids, end.output_ids)
             yield batch
     finally:
         release()
