@@ -409,8 +409,9 @@ def test_a_huge_head_is_refused_with_a_431_and_others_are_served_meanwhile(daemo
         assert answer["error"]["code"] == "request_headers_too_large" and "65536 bytes" in answer["error"]["message"]
     # Just under the limit, with the body in the same packets: served.
     filler = "a" * (60 * 1024)
-    response = httpx.post(daemon.url + "/v1/messages/count_tokens", headers={"x-api-key": daemon.token, "x-filler": filler},
-                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=60)  # fmt: skip
+    headers = {"x-api-key": daemon.token, "x-filler": filler}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(daemon.url + "/v1/messages/count_tokens", headers=headers, json=body, timeout=60)
     assert response.status_code == 200, response.text
 
 
@@ -419,7 +420,8 @@ def test_an_over_size_body_announced_with_expect_100_continue_is_refused_before_
     """Issue 62, item 4: the daemon answered `100 Continue`, then the 413 after ~47 MB had come."""
     conn = _connect(daemon)
     conn.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: %s\r\nContent-Type: application/json\r\n"
-                 b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n" % (path.encode(), daemon.token.encode()))  # fmt: skip
+                 b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n"
+                 % (path.encode(), daemon.token.encode()))  # fmt: skip
     status, headers, body = _reply(conn)  # the body is never sent: before the fix, this waited for it
     conn.close()
     assert status.startswith("HTTP/1.1 413"), status  # the first answer: no 100 Continue before it
