@@ -9,8 +9,9 @@
   other request that carries an Origin is refused. Configured origins also get CORS answers
   (Starlette's CORSMiddleware, added in app.py), so such a page can read the replies.
 
-Both are 403s in OpenAI's error shape, for every path (/health included); a WebSocket is closed
-before it is accepted (the server answers 403).
+Both are 403s in the API's error shape (Anthropic's on /v1/messages), for every path (/health
+included); a WebSocket is closed before it is accepted (the server answers 403). A request with
+two Host headers is a 400: which one a check reads is anyone's guess.
 
 The token: every route but `GET /health` needs it. Clients send it as `Authorization: Bearer <token>` (OpenAI SDKs) or `x-api-key: <token>`
 (Anthropic SDKs). It is compared in constant time. This is pure ASGI middleware, so it guards
@@ -42,22 +43,26 @@ HOST = re.compile(r"(?:\[(?P<ipv6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9_](?:[a-z0-9_.-
 def host_name(host_header: str) -> str | None:
     """The name or address in a Host header, without its port, lowercased: "[::1]:8377" -> "::1".
 
-    None if the header is no well-formed host. A bare IPv6 address ("::1", as --allow-host may
-    give it) is taken whole.
+    None if the header is no well-formed host: an IPv6 address must be in brackets ("::1" alone is
+    none, as RFC 9110 and every browser have it).
     """
-    host = host_header.strip().lower()
-    match = HOST.fullmatch(host)
+    match = HOST.fullmatch(host_header.strip().lower())
     if match is None:
-        try:
-            return str(ipaddress.IPv6Address(host))
-        except ValueError:
-            return None
+        return None
     if match["ipv6"] is not None:
         try:
             return str(ipaddress.IPv6Address(match["ipv6"]))
         except ValueError:
             return None
     return match["name"].removesuffix(".") or None
+
+
+def configured_host_name(value: str) -> str | None:
+    """A name given with --allow-host, as host_name() reads it; a bare IPv6 address ("::1") is taken whole."""
+    try:
+        return str(ipaddress.IPv6Address(value.strip().lower()))
+    except ValueError:
+        return host_name(value)
 
 
 def is_loopback_host(name: str) -> bool:
@@ -76,7 +81,7 @@ def normalize_origin(origin: str) -> str:
 class AccessGuard:
     def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()):
         self.app = app
-        self.allowed_hosts = frozenset(name for h in allowed_hosts if (name := host_name(h)) is not None)
+        self.allowed_hosts = frozenset(name for h in allowed_hosts if (name := configured_host_name(h)) is not None)
         self.allowed_origins = frozenset(normalize_origin(o) for o in allowed_origins)
         self._seen: dict[str, bool] = {}  # Host header -> allowed
 
@@ -101,10 +106,13 @@ class AccessGuard:
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": error.message[:120]})
         else:
-            await error.response()(scope, receive, send)
+            await error.response(scope["path"])(scope, receive, send)
 
     def refusal(self, headers: Headers) -> APIError | None:
-        host = headers.get("host")
+        hosts = headers.getlist("host")
+        if len(hosts) > 1:  # which one a proxy or a check reads is anyone's guess: RFC 9112 refuses it
+            return APIError(400, f"the request has {len(hosts)} Host headers; send one", code="invalid_http_request")
+        host = hosts[0] if hosts else None
         if not self.host_allowed(host):
             return APIError(403, f"Host {host!r} is not served here: use localhost or 127.0.0.1, or start the "
                                  "daemon with --allow-host for this name", code="host_not_allowed")  # fmt: skip

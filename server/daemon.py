@@ -40,6 +40,9 @@ GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGT
 # lingcode's front ends: 15 s; httpx, the SDKs: 5 s); at uvicorn's 5 s a request sent as the daemon
 # closed one was lost. Longer than both, the client always closes first.
 KEEP_ALIVE_S = 75
+# Open connections served at once (uvicorn's limit_concurrency): past it a request gets a 503, past
+# twice it a connection is closed as it opens (server/http11.py). Clients hold a few each.
+MAX_CONNECTIONS = 256
 
 
 SWITCH_INTERVAL_MS = 0.05  # see serve(); Python's default is 5 ms
@@ -451,20 +454,29 @@ def banner(model_name: str, url: str, token_file: Path, daemon_file: Path) -> st
     )
 
 
-def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict, log_level: str, ready) -> int:
-    """Serve `app` on `sockets` until SIGINT/SIGTERM; call ready() once connections are accepted."""
+def uvicorn_config(app, log_config: dict | None, log_level: str, http: type | None = None):
+    """uvicorn's Config for the daemon: its protocol (server/http11.py; `http` another of its classes)
+    and the connection layer's limits."""
     import uvicorn
 
     # access_log off: lingcode.access (server/observability.py) logs each request with its id.
     # proxy_headers off: nothing sits in front of the daemon, so X-Forwarded-For is never believed.
-    from lingcode.server.http11 import protocol_class
+    from lingcode.server.http11 import HEAD_BYTES, protocol_class
 
     # httptools (C) parses requests where it is installed, else h11; either way a request the parser
     # refuses (a bad Content-Length) is answered in the API's own error shape (server/http11.py).
-    config = uvicorn.Config(
-        app, http=protocol_class(), log_config=log_config, log_level=log_level, access_log=False,
+    return uvicorn.Config(
+        app, http=http or protocol_class(), log_config=log_config, log_level=log_level, access_log=False,
         proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S,
+        limit_concurrency=MAX_CONNECTIONS, h11_max_incomplete_event_size=HEAD_BYTES,
     )  # fmt: skip
+
+
+def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict, log_level: str, ready) -> int:
+    """Serve `app` on `sockets` until SIGINT/SIGTERM; call ready() once connections are accepted."""
+    import uvicorn
+
+    config = uvicorn_config(app, log_config, log_level)
     server = _server_class(uvicorn.Server)(config, scheduler, ready)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with
     # the handler it found. A no-op there lets us return, clean up, and exit 0.

@@ -31,8 +31,10 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     503: "server_error",
 }
@@ -47,8 +49,10 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "api_error",
     503: "overloaded_error",
 }

@@ -14,6 +14,17 @@ uvicorn writes them apart, and on loopback each write wakes the client, so a str
 first token waited for a second wake-up. A stream that opens before it has anything to send sends
 its head alone (SEND_HEAD, in the scope: server/serving.py's StreamHead).
 
+The connection layer's limits (SECURITY.md, guarantee 22): a request's line and headers are at
+most HEAD_BYTES (h11's max_incomplete_event_size; counted here for httptools, whose parser has no
+limit and copies a growing header over and over), else a 431; they must be in within
+HEAD_TIMEOUT_S of the request's first byte (a new connection's first request: of its opening),
+else a 408 and the connection is closed; between requests uvicorn's keep-alive timeout closes an
+idle one. None of these runs while a response is going out, so a long stream is never cut.
+Connections past uvicorn's limit_concurrency get a 503 for their request, in the API's shape, and
+the connections opened before them are served on (uvicorn would refuse everyone's requests, in
+plain text); past twice the limit a connection is closed as it opens, so the daemon's file
+descriptors stay bounded however fast they come.
+
 Each request's scope carries when its first bytes were read (ARRIVED_AT, perf_counter's clock):
 the request's trace starts there, so parsing it and starting its task count as the daemon's. It
 also carries its connection's loss (DISCONNECTED, a future), so the daemon learns that a client left
@@ -23,6 +34,7 @@ without a task of its own awaiting the next ASGI message (server/serving.py: unt
 from __future__ import annotations
 
 import asyncio
+import http
 import sys
 import time
 from urllib.parse import urlsplit
@@ -30,9 +42,12 @@ from urllib.parse import urlsplit
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from lingcode.server.errors import APIError
+from lingcode.server.errors import RETRY_AFTER_S, APIError
 
 REQUEST_LINE_BYTES = 8192
+HEAD_BYTES = 64 * 1024  # a request's line and headers, at most
+HEAD_TIMEOUT_S = 30.0  # from a request's first byte until its head is all in
+LINGER_S = 5.0  # after a refusal, what the client still sends is read and dropped this long at most
 ARRIVED_AT = "lingcode.arrived_at"  # the scope's key: when the request's first bytes were read
 DISCONNECTED = "lingcode.disconnected"  # the scope's key: a future, done once the connection is lost
 SEND_HEAD = "lingcode.send_head"  # the scope's key: sends a response head held for the first body write now
@@ -76,26 +91,92 @@ class HeadWithBody:
 class DaemonCycles:
     """Both protocols' part: each new request's cycle writes through a HeadWithBody, whose held
     head goes out when the response completes (or when SEND_HEAD is called), and its scope gets
-    the request's arrival and its connection's loss. Each protocol sets `arrived_at` when a
-    request's first bytes come, calls hold_heads() where its parser starts a cycle (h11:
-    handle_events; httptools: on_headers_complete), and read_on() where a request's body is all in."""
+    the request's arrival and its connection's loss. Each protocol sets `arrived_at` and calls
+    head_started() when a request's first bytes come, calls hold_heads() where its parser starts a
+    cycle (h11: handle_events; httptools: on_headers_complete), read_on() where a request's body is
+    all in, and path() for the path of the request being read. Here too: the connection cap and
+    the head's timeout (the module's docstring)."""
 
     arrived_at: float | None = None
     lost: asyncio.Future  # done once the connection is lost
+    head_timer: asyncio.TimerHandle | None = None  # while a request's head is awaited
+    refused = False  # answered with a refusal: what comes now is dropped
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cap = self.limit_concurrency
+        self.limit_concurrency = None  # uvicorn's own check off: the cap is applied per connection (connection_made)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.lost = self.loop.create_future()
+        if self.cap is not None and len(self.connections) > self.cap:
+            if len(self.connections) > 2 * self.cap:
+                transport.close()
+                return
+            self.app = self.over_capacity
+        self.head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self.head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.head_done()
         if not self.lost.done():
             self.lost.set_result(None)
+
+    def head_started(self) -> None:
+        if self.head_timer is None:
+            self.head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self.head_timed_out)
+
+    def head_done(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def head_timed_out(self) -> None:
+        self.head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:  # a response is going out: never cut it
+            self.head_started()
+            return
+        if self.arrived_at is None:  # not a byte of a request came
+            self.transport.close()
+            return
+        error = APIError(408, f"the request's head did not arrive within {HEAD_TIMEOUT_S:g} s of its first byte",
+                         code="request_timeout")  # fmt: skip
+        self.logger.warning(error.message)  # as uvicorn logs the requests its parser refuses
+        self.refuse(error)
+
+    def refuse(self, error: APIError) -> None:
+        """Answer the request being read with `error`, in the shape of the API it names, and close.
+
+        A socket closed with bytes still unread resets the connection, and the client, still
+        sending, would lose the answer: the answer is followed by our EOF, and the connection
+        closes once the client closes its side (or after LINGER_S), what it sends meanwhile dropped."""
+        body = error.response(self.path()).body
+        head = (f"HTTP/1.1 {error.status} {http.HTTPStatus(error.status).phrase}\r\ncontent-type: application/json"
+                f"\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
+        self.refused = True
+        self.head_done()
+        self.transport.write(head.encode("ascii") + body)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    async def over_capacity(self, scope, receive, send) -> None:
+        """The app of a connection opened past the cap: every request on it gets a 503, and it closes."""
+        error = APIError(503, f"the daemon has {self.cap} connections open, as many as it serves: close idle ones, "
+                              "or retry", code="too_many_connections",
+                         headers={"Retry-After": RETRY_AFTER_S, "Connection": "close"})  # fmt: skip
+        await error.response(scope.get("path", ""))(scope, receive, send)
 
     def hold_heads(self, before) -> None:
         """Give a cycle that the parser just started a HeadWithBody transport (before its task runs)."""
         cycle = self.cycle
         if cycle is not None and cycle is not before and not isinstance(cycle.transport, HeadWithBody):
+            self.head_done()
             cycle.transport = HeadWithBody(cycle.transport)
             cycle.scope[ARRIVED_AT] = self.arrived_at
             cycle.scope[DISCONNECTED] = self.lost
@@ -120,9 +201,12 @@ class APIErrorH11Protocol(DaemonCycles, H11Protocol):
         self.request_line = b""  # the current request's first line, as received: its path picks the error shape
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
         if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:  # a new request starts here
             self.arrived_at = time.perf_counter()
             self.request_line = data.split(b"\n", 1)[0][:REQUEST_LINE_BYTES]
+            self.head_started()
         super().data_received(data)
 
     def handle_events(self) -> None:
@@ -141,14 +225,11 @@ class APIErrorH11Protocol(DaemonCycles, H11Protocol):
         if not isinstance(refusal, h11.RemoteProtocolError):
             refusal = None
         status = refusal.error_status_hint if refusal is not None and 400 <= refusal.error_status_hint < 500 else 400
+        if status == 431:  # past max_incomplete_event_size: the head
+            self.refuse(head_too_large())
+            return
         reason = f": {refusal}" if refusal is not None and str(refusal) else ""
-        error = APIError(status, f"the request is not valid HTTP/1.1{reason}", code="invalid_http_request")
-        response = error.response(self.path())
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        events = (h11.Response(status_code=status, headers=headers), h11.Data(data=response.body), h11.EndOfMessage())
-        for event in events:
-            self.transport.write(self.conn.send(event))
-        self.transport.close()
+        self.refuse(APIError(status, f"the request is not valid HTTP/1.1{reason}", code="invalid_http_request"))
 
     def path(self) -> str:
         parts = self.request_line.split()
@@ -160,13 +241,9 @@ class APIErrorH11Protocol(DaemonCycles, H11Protocol):
             return ""
 
 
-def _refusal_response(status: int, reason: str, path: str) -> bytes:
-    """The whole HTTP/1.1 answer to a refused request, in the error shape of the API at `path`."""
-    error = APIError(status, f"the request is not valid HTTP/1.1{': ' + reason if reason else ''}", code="invalid_http_request")
-    body = error.response(path).body
-    head = (f"HTTP/1.1 {status} Bad Request\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n")  # fmt: skip
-    return head.encode("ascii") + body
+def head_too_large() -> APIError:
+    return APIError(431, f"the request's line and headers are over the limit of {HEAD_BYTES} bytes",
+                    code="request_headers_too_large")  # fmt: skip
 
 
 def protocol_class() -> type:
@@ -179,21 +256,45 @@ def protocol_class() -> type:
 
     class APIErrorHttpToolsProtocol(DaemonCycles, HttpToolsProtocol):
         read_at = 0.0
+        head_bytes = 0  # read since the request being read began, until its head is all in
+        in_body = False  # between a request's head and its end
 
         def data_received(self, data: bytes) -> None:
+            if self.refused:
+                return
             self.read_at = time.perf_counter()  # the parser says below whether a request starts in it
-            super().data_received(data)
+            if self.in_body or self.head_bytes + len(data) <= HEAD_BYTES:
+                if not self.in_body:
+                    self.head_bytes += len(data)
+                super().data_received(data)
+                return
+            # The parser takes a header of any size (copying it as it grows): it gets what fits the
+            # limit, and if the head has not ended in it, the request is refused.
+            room = HEAD_BYTES - self.head_bytes
+            self.head_bytes = HEAD_BYTES
+            super().data_received(data[:room])
+            if self.refused:
+                return
+            if not self.in_body and self.head_bytes >= HEAD_BYTES:
+                error = head_too_large()
+                self.logger.warning(error.message)
+                self.refuse(error)
+                return
+            self.data_received(data[room:])
 
         def on_message_begin(self) -> None:
             self.arrived_at = self.read_at
+            self.head_started()
             super().on_message_begin()
 
         def on_headers_complete(self) -> None:
+            self.in_body, self.head_bytes = True, 0
             before = self.cycle
             super().on_headers_complete()
             self.hold_heads(before)
 
         def on_message_complete(self) -> None:
+            self.in_body, self.head_bytes = False, 0
             super().on_message_complete()
             if not self.pipeline:  # the body of the request being answered, not of one queued behind it
                 self.read_on()
@@ -202,12 +303,13 @@ def protocol_class() -> type:
             # uvicorn answers from its `except httptools.HttpParserError:` and drops the parser's
             # reason: it is the exception being handled
             refusal = sys.exception()
+            reason = f": {refusal}" if isinstance(refusal, httptools.HttpParserError) and str(refusal) else ""
+            self.refuse(APIError(400, f"the request is not valid HTTP/1.1{reason}", code="invalid_http_request"))
+
+        def path(self) -> str:
             try:
-                path = urlsplit(self.url.decode("ascii")).path
+                return urlsplit(self.url.decode("ascii")).path
             except (AttributeError, UnicodeDecodeError, ValueError):
-                path = ""
-            reason = str(refusal) if isinstance(refusal, httptools.HttpParserError) else ""
-            self.transport.write(_refusal_response(400, reason, path))
-            self.transport.close()
+                return ""
 
     return APIErrorHttpToolsProtocol

@@ -10,7 +10,8 @@ sequences (8, not OpenAI's 4) are its own.
 The body: an over-size body is a 413, known from Content-Length when the client sends one, or counted while
 reading (chunked uploads). Either way the rest of the body is read and thrown away (up to a cap),
 never kept: a client still sending when we answered would otherwise get a reset connection
-instead of the 413.
+instead of the 413. A client that sent `Expect: 100-continue` waits to be asked for its body: an
+over-size one is refused before it is asked, and the connection closed.
 
 What Python's json module accepts beyond JSON is a 400 too, found by fuzzing: NaN and Infinity,
 nesting deeper than the parser's recursion limit, and lone UTF-16 surrogates ("\ud800"), which
@@ -101,6 +102,10 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
     if declared is not None and not declared.isdigit():
         raise invalid("Content-Length is not a number")
     over = declared is not None and int(declared) > limit
+    if over and request.headers.get("expect", "").lower() == "100-continue":
+        # The client sends the body only once asked to (our first read asks): refuse it unasked.
+        raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large",
+                       headers={"Connection": "close"})  # fmt: skip
     chunks, size = [], 0
     try:
         async for chunk in request.stream():

@@ -9,7 +9,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import secrets
+import select
+import socket
+import threading
 import time
 
 import httpx
@@ -258,19 +262,27 @@ def test_a_number_python_cannot_hold_is_a_400_on_every_post_route(daemon, number
 # --- HTTP the ASGI app never sees ----------------------------------------------------------------------
 
 
-def _raw(daemon, request: bytes) -> tuple[str, dict[str, str], bytes]:
-    """Send raw bytes; the status line, headers and body of the answer (the connection is then closed)."""
-    import socket
+def _connect(daemon_or_url, timeout: float = 30):
+    url = getattr(daemon_or_url, "url", daemon_or_url)
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=timeout)
 
-    host, port = daemon.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as conn:
-        conn.sendall(request)
-        reply = b""
-        while chunk := conn.recv(65536):
-            reply += chunk
+
+def _reply(conn) -> tuple[str, dict[str, str], bytes]:
+    """Read one answer to its end (the server closes the connection after it): status line, headers, body."""
+    reply = b""
+    while chunk := conn.recv(65536):
+        reply += chunk
     head, _, body = reply.partition(b"\r\n\r\n")
     status, *lines = head.decode("latin-1").split("\r\n")
     return status, {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}, body
+
+
+def _raw(daemon, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Send raw bytes; the status line, headers and body of the answer (the connection is then closed)."""
+    with _connect(daemon) as conn:
+        conn.sendall(request)
+        return _reply(conn)
 
 
 @pytest.mark.parametrize("length", [b"abc", b"-1", b"1, 2", b"0x10", b"9" * 5000, b""],
@@ -418,3 +430,217 @@ def test_control_tokens_in_messages_and_tool_results_are_plain_text_on_every_cha
     added = prompt_tokens(daemon, route, "a" + INJECTED + "z") - prompt_tokens(daemon, route, "az")
     expected = 2 * (len(plain("a" + INJECTED + "z")) - len(plain("az")))  # in the user message and the tool result
     assert added == expected > 2 * 12, (route, added, expected)
+
+
+# --- the connection layer (issue 62): heads, timeouts, the connection cap, 100-continue -------------
+
+
+def _send_head_until_refused(conn, start: bytes, total: int) -> None:
+    """Send `start`, then header bytes that never end the head, until `total` are sent or the server shuts us out."""
+    try:
+        conn.sendall(start)
+        for _ in range(total // 65536):
+            conn.sendall(b"a" * 65536)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages"])
+def test_a_huge_head_is_refused_with_a_431_and_others_are_served_meanwhile(daemon, path):
+    """Issue 62, item 1: a header of any size was taken in, ever more slowly (a 64 MB one stalled
+    /health for seconds). The head is refused past 64 KiB; a head just under it is served."""
+    conn = _connect(daemon)
+    start = b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: " % path.encode()
+    sender = threading.Thread(target=_send_head_until_refused, args=(conn, start, 8 * 1024 * 1024))
+    sender.start()
+    assert httpx.get(daemon.url + "/health", timeout=30).status_code == 200
+    status, headers, body = _reply(conn)  # before the fix: no answer, the head never ends (a timeout)
+    sender.join(timeout=60)
+    conn.close()
+    assert status.startswith("HTTP/1.1 431"), status
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    answer = json.loads(body)
+    if path == "/v1/messages":
+        assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+        assert "65536 bytes" in answer["error"]["message"]
+    else:
+        assert answer["error"]["code"] == "request_headers_too_large" and "65536 bytes" in answer["error"]["message"]
+    # Just under the limit, with the body in the same packets: served.
+    filler = "a" * (60 * 1024)
+    headers = {"x-api-key": daemon.token, "x-filler": filler}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(daemon.url + "/v1/messages/count_tokens", headers=headers, json=body, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages"])
+def test_an_over_size_body_announced_with_expect_100_continue_is_refused_before_it_is_invited(daemon, path):
+    """Issue 62, item 4: the daemon answered `100 Continue`, then the 413 after ~47 MB had come."""
+    conn = _connect(daemon)
+    conn.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: %s\r\nContent-Type: application/json\r\n"
+                 b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n"
+                 % (path.encode(), daemon.token.encode()))  # fmt: skip
+    status, headers, body = _reply(conn)  # the body is never sent: before the fix, this waited for it
+    conn.close()
+    assert status.startswith("HTTP/1.1 413"), status  # the first answer: no 100 Continue before it
+    assert headers["connection"] == "close"
+    answer = json.loads(body)
+    if path == "/v1/messages":
+        assert answer["type"] == "error" and answer["error"]["type"] == "request_too_large"
+    else:
+        assert answer["error"]["code"] == "request_too_large"
+    # A body within the limit is invited, then answered.
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with _connect(daemon) as conn:
+        conn.sendall(b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: %s\r\n"
+                     b"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+                     % (daemon.token.encode(), len(body)))  # fmt: skip
+        assert conn.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n")
+        conn.sendall(body)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_idle_floods_are_capped_with_503s_and_idle_or_slow_connections_closed(daemon):
+    """Issue 62, item 2: 20,100 idle connections took every file descriptor of the daemon, and idle
+    or half-sent ones stayed open forever. Past 256 open connections a request gets a 503 in the
+    API's shape; past 512 a connection is closed as it opens. A new connection that sends no
+    request, or whose head is not in 30 s after it opened, is closed (with a 408 if a head began)."""
+    from lingcode.server.daemon import MAX_CONNECTIONS
+    from lingcode.server.http11 import HEAD_TIMEOUT_S
+
+    fds_before = _open_fds(daemon.process.pid)
+    slow = _connect(daemon, timeout=120)
+    slow.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and then a byte now and then
+    flood = [_connect(daemon) for _ in range(MAX_CONNECTIONS + 40)]
+    opened = time.monotonic()
+    with _connect(daemon) as past:  # past the cap: its request is answered, with a 503
+        past.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        status, headers, body = _reply(past)
+    assert status.startswith("HTTP/1.1 503"), status
+    assert headers["retry-after"] and headers["connection"] == "close"
+    assert json.loads(body)["error"]["code"] == "too_many_connections"
+    flood += [_connect(daemon) for _ in range(2 * MAX_CONNECTIONS)]
+    # Past twice the cap, connections are closed as they open: the daemon's descriptors stay bounded.
+    closed = [c for c in flood[-MAX_CONNECTIONS:] if select.select([c], [], [], 5)[0] and not c.recv(1)]
+    assert len(closed) == MAX_CONNECTIONS
+    assert _open_fds(daemon.process.pid) <= fds_before + 2 * MAX_CONNECTIONS + 8
+    assert time.monotonic() - opened < HEAD_TIMEOUT_S  # all of it before any of them timed out
+    # Then every connection that sent no request is closed after HEAD_TIMEOUT_S, and the slow head gets a 408.
+    deadline = time.monotonic() + HEAD_TIMEOUT_S * 2 + 30
+    waiting = [*flood, slow]
+    while waiting and time.monotonic() < deadline:
+        if slow in waiting:
+            slow.sendall(b"X")
+        ready, _, _ = select.select(waiting, [], [], 1.0)
+        for conn in ready:
+            if conn is not slow:
+                assert conn.recv(1) == b""
+            waiting.remove(conn)
+    assert not waiting, f"{len(waiting)} connections still open"
+    status, headers, body = _reply(slow)
+    assert status.startswith("HTTP/1.1 408"), status
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    for conn in (*flood, slow):
+        conn.close()
+    assert httpx.get(daemon.url + "/health").status_code == 200
+
+
+async def _slow_stream_app(scope, receive, send):
+    """An ASGI app for the connection layer's own tests: /stream sends an event every 0.25 s for 3 s
+    (longer than every timeout under test); anything else answers at once."""
+    if scope["type"] == "lifespan":
+        while (message := await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    if scope["path"] != "/stream":
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"16")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"status": "ok"}'})
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for i in range(12):
+        await asyncio.sleep(0.25)
+        await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def short_timeouts(request, monkeypatch):
+    """The daemon's uvicorn Config and protocol (each parser) on a real loopback port, serving
+    _slow_stream_app, with the head's and keep-alive's timeouts cut to 1 s."""
+    import uvicorn
+
+    from lingcode.server import daemon as d
+    from lingcode.server import http11
+
+    monkeypatch.setattr(http11, "HEAD_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(d, "KEEP_ALIVE_S", 1)
+    http = http11.protocol_class() if request.param == "httptools" else http11.APIErrorH11Protocol
+    assert request.param in http.__name__.lower()
+    server = uvicorn.Server(d.uvicorn_config(_slow_stream_app, None, "warning", http=http))
+    sock = d.bind_socket("127.0.0.1", 0)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    yield "http://127.0.0.1:%d" % sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(timeout=30)
+    sock.close()
+
+
+def test_the_timeouts_close_idle_and_slow_connections_but_never_cut_a_stream(short_timeouts):
+    """Issue 62, item 2, on both parsers: a connection that sends nothing, or a head too slowly, is
+    closed (a 408 once a head began), one idle after its answer too; a stream that goes on past every
+    timeout is never cut. And the head's limit holds on both."""
+    idle, slow, after, streamed = (_connect(short_timeouts, timeout=30) for _ in range(4))
+    slow.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    after.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    streamed.sendall(b"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    replies = {conn: b"" for conn in (idle, slow, after, streamed)}
+    deadline = time.monotonic() + 30
+    open_ = set(replies)
+    while open_ and time.monotonic() < deadline:
+        if slow in open_:
+            try:
+                slow.sendall(b"x")  # a byte every 0.1 s: it never ends its head
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        for conn in select.select(list(open_), [], [], 0.1)[0]:
+            if chunk := conn.recv(65536):
+                replies[conn] += chunk
+            else:
+                open_.discard(conn)
+        if streamed in open_ and replies[streamed].endswith(b"data: [DONE]\n\n"):
+            open_.discard(streamed)  # kept alive after its answer: then closed as idle, not checked here
+    assert not open_, "connections still open"
+    assert replies[idle] == b""
+    assert replies[slow].startswith(b"HTTP/1.1 408 "), replies[slow][:100]
+    assert b'"request_timeout"' in replies[slow]
+    assert replies[after].startswith(b"HTTP/1.1 200 ") and replies[after].endswith(b'{"status": "ok"}')
+    events = [line for line in replies[streamed].split(b"\r\n\r\n", 1)[1].split(b"\n") if line.startswith(b"data")]
+    assert len(events) == 13 and events[-1] == b"data: [DONE]", replies[streamed][-200:]
+    for conn in replies:
+        conn.close()
+
+    with _connect(short_timeouts) as conn:
+        _send_head_until_refused(conn, b"GET /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nX: ", 1024 * 1024)
+        status, _, body = _reply(conn)
+    assert status.startswith("HTTP/1.1 431"), status
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"  # Anthropic's shape, by the path
+    filler = b"a" * (60 * 1024)
+    with _connect(short_timeouts) as conn:  # a head just under the limit, with its body, in one write
+        conn.sendall(b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX: %s\r\nContent-Length: 70000\r\n"
+                     b"Connection: close\r\n\r\n%s" % (filler, b"b" * 70000))  # fmt: skip
+        status, _, body = _reply(conn)
+    assert status.startswith("HTTP/1.1 200"), status

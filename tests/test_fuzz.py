@@ -18,6 +18,7 @@ requests, over the full documented range of every sampling field, and wants each
 
 from __future__ import annotations
 
+import json
 import traceback
 
 import httpx
@@ -218,3 +219,91 @@ def test_special_token_text_in_messages_and_tool_results_is_counted_as_text(daem
         assert count("a" + text + "z") - empty == 2 * plain, repr(text)
 
     run()
+
+
+# --- the connection layer: raw request heads (issue 62) --------------------------------------------
+
+HOST_HEADERS = {
+    "one": [b"Host: 127.0.0.1"],
+    "two": [b"Host: 127.0.0.1", b"Host: attacker.example"],
+    "bare-ipv6": [b"Host: ::1"],
+}
+COUNT_BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+def _answer(conn) -> tuple[int, bytes]:
+    """The final answer's status and body (after any 100 Continue), read by its Content-Length."""
+    reply = b""
+    while True:
+        while reply.startswith(b"HTTP/1.1 100 ") and b"\r\n\r\n" in reply:
+            reply = reply.partition(b"\r\n\r\n")[2]
+        head, found, body = reply.partition(b"\r\n\r\n")
+        if found and not head.startswith(b"HTTP/1.1 100 "):
+            lengths = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+            if len(body) >= int(lengths[0].split(b":")[1]):
+                return int(head.split(b" ", 2)[1]), body
+        chunk = conn.recv(65536)
+        assert chunk, f"the connection closed before the answer ended: {reply[:300]!r}"
+        reply += chunk
+
+
+def test_fuzzed_request_heads_get_the_right_answer_in_the_apis_shape(daemon):
+    """Heads of every size around the limit, sent in random pieces, with one Host, two or a bare IPv6
+    one, with or without Expect: 100-continue, and a Content-Length under or over the body limit:
+    each gets an answer, in its API's shape, with the status that the first rule it breaks says."""
+    import socket
+
+    from lingcode.server.http11 import HEAD_BYTES
+    from lingcode.server.validation import MAX_BODY_BYTES
+
+    host, port = daemon.url.removeprefix("http://").split(":")
+
+    @given(path=st.sampled_from(["/v1/completions", "/v1/messages/count_tokens", "/health"]),
+           filler=st.integers(0, 3 * HEAD_BYTES) | st.integers(HEAD_BYTES - 2048, HEAD_BYTES + 2048),
+           hosts=st.sampled_from(sorted(HOST_HEADERS)), expect=st.booleans(), over=st.booleans(),
+           pieces=st.integers(1, 6), seed=st.randoms(use_true_random=False))  # fmt: skip
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def run(path, filler, hosts, expect, over, pieces, seed):
+        method = b"GET" if path == "/health" else b"POST"
+        unasked = over and expect  # a body over the limit that waits to be asked for: it never is
+        length = MAX_BODY_BYTES + 1 if unasked else len(COUNT_BODY)
+        lines = [b"%s %s HTTP/1.1" % (method, path.encode()), *HOST_HEADERS[hosts],
+                 b"x-api-key: " + daemon.token.encode(), b"Content-Type: application/json",
+                 b"X-Filler: " + b"f" * filler]  # fmt: skip
+        if method == b"POST":
+            lines.append(b"Content-Length: %d" % length)
+            if expect:
+                lines.append(b"Expect: 100-continue")
+        head = b"\r\n".join(lines) + b"\r\n\r\n"
+        if len(head) > HEAD_BYTES + 1024:
+            wanted = 431
+        elif len(head) <= HEAD_BYTES - 1024 and hosts == "two":
+            wanted = 400
+        elif len(head) <= HEAD_BYTES - 1024 and hosts == "bare-ipv6":
+            wanted = 403
+        elif len(head) <= HEAD_BYTES - 1024 and method == b"POST" and unasked:
+            wanted = 413
+        else:
+            wanted = None  # near the limit, or a body that is sent: any answer but a 5xx
+        cuts = sorted(seed.randrange(len(head)) for _ in range(pieces - 1))
+        with socket.create_connection((host, int(port)), timeout=60) as conn:
+            try:
+                for start, end in zip([0, *cuts], [*cuts, len(head)]):
+                    conn.sendall(head[start:end])
+                if method == b"POST" and wanted is None and not unasked:
+                    conn.sendall(COUNT_BODY)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused before it was all sent: the answer is read below
+            status, body = _answer(conn)
+        if wanted is not None:
+            assert status == wanted, (status, wanted, len(head), body[:300])
+        assert status < 500, (status, body[:300])
+        if status != 200:
+            answer = json.loads(body)
+            if path.startswith("/v1/messages"):
+                assert answer["type"] == "error" and "message" in answer["error"], answer
+            else:
+                assert "message" in answer["error"] and "code" in answer["error"], answer
+
+    run()
+    assert httpx.get(daemon.url + "/health").status_code == 200 and daemon.process.poll() is None

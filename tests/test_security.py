@@ -26,7 +26,7 @@ from conftest import serve, share_built_caches
 
 from lingcode import paths
 from lingcode.server import daemon as d
-from lingcode.server.access import AccessGuard, host_name
+from lingcode.server.access import AccessGuard, configured_host_name, host_name
 
 ALLOWED_HOST = "lingcode.test"
 ALLOWED_ORIGIN = "http://localhost:5173"
@@ -120,7 +120,8 @@ def test_host_header_must_be_loopback_or_configured(guarded):
     for host in ("attacker.example", f"attacker.example:{port}", "localhost.attacker.example", "192.168.1.20",
                  "lingcode.test.attacker.example", "0.0.0.0", "[::1]evil.com", "[::1].evil.com", "localhost:evil",
                  "127.0.0.1:@evil.com", f"localhost:{port}@evil.com", "[::1", "localhost..", "localhost:",
-                 f"127.0.0.1:{port}:{port}", "127.0.0.1/evil.com", "lingcode.test@evil.com"):  # fmt: skip
+                 f"127.0.0.1:{port}:{port}", "127.0.0.1/evil.com", "lingcode.test@evil.com", "::1",
+                 "0:0:0:0:0:0:0:1"):  # fmt: skip
         for path in ("/v1/models", "/health"):
             response = httpx.get(guarded.url + path, headers={**auth, "Host": host})
             assert response.status_code == 403, (host, path)
@@ -135,6 +136,25 @@ def test_a_request_without_a_host_header_is_refused(guarded):
         while chunk := conn.recv(65536):
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 403"), reply[:200]
+
+
+def test_a_request_with_two_host_headers_is_refused(guarded):
+    """Issue 62 (minor): the first Host was judged, and a proxy or a check that reads the last one
+    would see another request. Either order is refused, on /health too."""
+    host, port = guarded.url.removeprefix("http://").split(":")
+    for first, second in (("127.0.0.1", "attacker.example"), ("attacker.example", "127.0.0.1"),
+                          ("127.0.0.1", "127.0.0.1")):  # fmt: skip
+        for path in ("/health", "/v1/models"):
+            request = (f"GET {path} HTTP/1.1\r\nHost: {first}\r\nHost: {second}\r\n"
+                       f"Authorization: Bearer {guarded.token}\r\nConnection: close\r\n\r\n")  # fmt: skip
+            with socket.create_connection((host, int(port)), timeout=30) as conn:
+                conn.sendall(request.encode())
+                reply = b""
+                while chunk := conn.recv(65536):
+                    reply += chunk
+            assert reply.startswith(b"HTTP/1.1 400"), (first, second, path, reply[:200])
+            error = json.loads(reply.partition(b"\r\n\r\n")[2])["error"]
+            assert error["code"] == "invalid_http_request" and "2 Host headers" in error["message"]
 
 
 def test_a_websocket_from_another_host_or_page_is_closed_before_it_opens():
@@ -160,11 +180,13 @@ def test_a_websocket_from_another_host_or_page_is_closed_before_it_opens():
 
 def test_host_names_are_parsed_like_browsers_send_them():
     assert host_name("[::1]:8377") == "::1" and host_name("LocalHost:80") == "localhost"
-    assert host_name("example.com.") == "example.com" and host_name("::1") == "::1"
+    assert host_name("example.com.") == "example.com" and configured_host_name("::1") == "::1"
     assert host_name("[0:0:0:0:0:0:0:1]") == "::1" and host_name("127.0.0.1:8377") == "127.0.0.1"
-    # Strictly a host and an optional :port of digits: anything after it is no loopback name (issue 18).
+    # Strictly a host and an optional :port of digits: anything after it is no loopback name (issue 18),
+    # and an IPv6 address is in brackets (issue 62).
     for header in ("[::1]evil.com", "[::1].evil.com", "localhost:evil", "127.0.0.1:@evil.com", "[::1]:80x",
-                   "localhost:80:80", "[::1", "::1]", "local host", "localhost\x00", "", "[]", "[127.0.0.1]"):  # fmt: skip
+                   "localhost:80:80", "[::1", "::1]", "local host", "localhost\x00", "", "[]", "[127.0.0.1]",
+                   "::1", "::ffff:127.0.0.1"):  # fmt: skip
         assert host_name(header) is None, header
         assert not AccessGuard(None).host_allowed(header), header
 
