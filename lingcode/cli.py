@@ -49,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         log_level=args.log_level,
         session_idle_s=args.session_idle,
+        keep_alive_s=args.stream_keep_alive,
         allow_remote=args.allow_remote,
         allowed_hosts=tuple(args.allow_host),
         allowed_origins=tuple(args.allow_origin),
@@ -260,6 +261,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a number of seconds above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lingcode",
@@ -304,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests that may wait for the engine before new ones are refused (default: 16)")
     serve.add_argument("--session-idle", metavar="S", type=float, default=1800.0,
                        help="agent sessions (/v1/sessions) are forgotten after S seconds without a turn (default: 1800)")
+    serve.add_argument("--stream-keep-alive", metavar="S", type=_positive_seconds, default=10.0,
+                       help="a stream sends an SSE comment every S seconds until its first token, so that clients "
+                            "with an idle timeout wait out a long prompt (default: 10)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        default="info", help="log verbosity (default: info)")
     serve.add_argument("--log-format", choices=["json", "text"], default="json",

@@ -303,6 +303,7 @@ def serve(
     engine_url: str | None = None,
     profile: str | None = None,
     session_idle_s: float = 1800.0,
+    keep_alive_s: float = 10.0,
     allow_remote: bool = False,
     allowed_hosts: tuple[str, ...] = (),
     allowed_origins: tuple[str, ...] = (),
@@ -318,6 +319,7 @@ def serve(
     SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
+    keep_alive_s: how far apart a stream's comments are until its first token.
     kernels: the local engine's forward pass, "torch", "triton" (GPU), "native" (CPU) or "auto". compile:
     torch.compile the local engine's torch step (minutes of compiling at load). speculation: the local
     engine's drafting ("ngram", "off", "early-exit:L").
@@ -403,7 +405,7 @@ def serve(
     sys.setswitchinterval(float(os.environ.get("LINGCODE_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS)) / 1e3)
 
     scheduler = Scheduler(local_engine, max_queue=max_queue)
-    app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,
+    app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s, keep_alive_s=keep_alive_s,
                      allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
                      unix_socket=str(unix_socket) if unix_socket else None)  # fmt: skip
     url = socket_url(sock)
