@@ -51,6 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         session_idle_s=args.session_idle,
         max_sessions=args.max_sessions,
         session_memory_mb=args.session_memory,
+        keep_alive_s=args.stream_keep_alive,
         allow_remote=args.allow_remote,
         allowed_hosts=tuple(args.allow_host),
         allowed_origins=tuple(args.allow_origin),
@@ -262,6 +263,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("must be a number of seconds above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lingcode",
@@ -310,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="agent sessions kept at most; past it the one idle longest is forgotten (default: 64)")
     serve.add_argument("--session-memory", metavar="MB", type=_positive, default=64,
                        help="MiB of agent sessions kept at most; past it the ones idle longest are forgotten (default: 64)")
+    serve.add_argument("--stream-keep-alive", metavar="S", type=_positive_seconds, default=10.0,
+                       help="a stream sends an SSE comment every S seconds until its first token, so that clients "
+                            "with an idle timeout wait out a long prompt (default: 10)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        default="info", help="log verbosity (default: info)")
     serve.add_argument("--log-format", choices=["json", "text"], default="json",

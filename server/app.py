@@ -40,7 +40,7 @@ from lingcode.server.observability import RequestObserver, add_metrics_route
 from lingcode.server.openai.chat import ChatServing
 from lingcode.server.openai.completions import CompletionsServing
 from lingcode.server.responses.serving import ResponsesServing
-from lingcode.server.serving import DirectRoutes
+from lingcode.server.serving import KEEP_ALIVE_S, DirectRoutes
 from lingcode.server.sessions.serving import SessionsServing
 from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BYTES, DEFAULT_MAX_SESSIONS, SessionStore
 from lingcode.agent import grammar
@@ -51,10 +51,11 @@ from lingcode.text.chat_template import compile_template
 def create_app(
     scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES,
     session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
-    session_bytes: int = DEFAULT_MAX_BYTES,
+    session_bytes: int = DEFAULT_MAX_BYTES, keep_alive_s: float = KEEP_ALIVE_S,
     allowed_hosts: tuple[str, ...] = (), allowed_origins: tuple[str, ...] = (), unix_socket: str | None = None,
 ) -> FastAPI:
-    """allowed_hosts / allowed_origins: Host names and browser origins served besides loopback ones
+    """keep_alive_s: how far apart a stream's comments are until its first token (server/serving.py);
+    allowed_hosts / allowed_origins: Host names and browser origins served besides loopback ones
     (server/access.py); unix_socket: the path of the daemon's own socket, whose clients need no token."""
     # No /docs: /openapi.json (behind the token) is for tools; every other path that is not a route is a 404.
     # No OpenTelemetry: the daemon has its own metrics, and FastAPI would otherwise ask for OTel's
@@ -73,11 +74,13 @@ def create_app(
     ready_first_requests(info)
     sessions = SessionStore(session_idle_s, max_sessions, session_bytes)
     served = (scheduler, info, model_id, max_body_bytes)
-    editor = EditorServing(*served)
+    kept = {"keep_alive_s": keep_alive_s}
+    editor = EditorServing(*served, **kept)
     # The APIs first: a request is matched against the routes in order, by the router and for its
     # metrics label, and the editor's keystrokes and agents' turns are the requests that wait.
-    for serving in (editor, ChatServing(*served), MessagesServing(*served), ResponsesServing(*served),
-                    CompletionsServing(*served), SessionsServing(*served, store=sessions)):  # fmt: skip
+    for serving in (editor, ChatServing(*served, **kept), MessagesServing(*served, **kept),
+                    ResponsesServing(*served, **kept), CompletionsServing(*served, **kept),
+                    SessionsServing(*served, store=sessions, **kept)):  # fmt: skip
         serving.install(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])

@@ -308,6 +308,7 @@ def serve(
     session_idle_s: float = 1800.0,
     max_sessions: int = 64,
     session_memory_mb: int = 64,
+    keep_alive_s: float = 10.0,
     allow_remote: bool = False,
     allowed_hosts: tuple[str, ...] = (),
     allowed_origins: tuple[str, ...] = (),
@@ -323,6 +324,7 @@ def serve(
     SGLang launch profile, `engine_url` an SGLang server to attach to instead of launching one.
     allow_remote: permit a non-loopback `host`. allowed_hosts / allowed_origins: Host names and
     browser origins served besides loopback ones. unix_socket: also listen there (0600, no token).
+    keep_alive_s: how far apart a stream's comments are until its first token.
     kernels: the local engine's forward pass, "torch", "triton" (GPU), "native" (CPU) or "auto". compile:
     torch.compile the local engine's torch step (minutes of compiling at load). speculation: the local
     engine's drafting ("ngram", "off", "early-exit:L").
@@ -409,7 +411,7 @@ def serve(
 
     scheduler = Scheduler(local_engine, max_queue=max_queue)
     app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,
-                     max_sessions=max_sessions, session_bytes=session_memory_mb * 2**20,
+                     max_sessions=max_sessions, session_bytes=session_memory_mb * 2**20, keep_alive_s=keep_alive_s,
                      allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
                      unix_socket=str(unix_socket) if unix_socket else None)  # fmt: skip
     url = socket_url(sock)

@@ -118,10 +118,12 @@ class ContextLengthExceeded(APIError):
         super().__init__(400, message, param=param, code="context_length_exceeded")
 
     def anthropic_body(self) -> dict:
-        if self.max_tokens is None:  # the longest prompt leaves room for one new token
-            message = f"prompt is too long: {self.prompt_tokens} tokens > {self.context - 1} maximum"
+        # The context, as OpenAI's message says it: a prompt of exactly that length is refused
+        # for the one token the answer needs at least.
+        if self.max_tokens is None and self.prompt_tokens > self.context:
+            message = f"prompt is too long: {self.prompt_tokens} tokens > {self.context} maximum"
         else:
-            message = (f"input length and `max_tokens` exceed context limit: {self.prompt_tokens} + {self.max_tokens} "
+            message = (f"input length and `max_tokens` exceed context limit: {self.prompt_tokens} + {self.max_tokens or 1} "
                        f"> {self.context}, decrease input length or `max_tokens` and try again")  # fmt: skip
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
 

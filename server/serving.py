@@ -10,10 +10,12 @@ and handle() does the rest, the same for all: read and validate the body, compil
 the turn needs one (off the event loop, cancelled if the client leaves), run the turn, then answer
 once (collect) or stream. A streamed response starts as soon as nothing can refuse it any more
 (StreamHead): its head goes out while the prompt is tokenized and the engine takes the request,
-or once the engine has it, or with the first events, and the client reads it meanwhile; so a full
-queue (429), a context overflow or a bad grammar is still a proper HTTP error; a client that
-leaves is cancelled at once; an error after the stream started is an error frame in the API's own
-shape. Each list of events from the pipeline (one engine chunk) is one write.
+its opening event (the role chunk, `response.created`, `message_start`) before the engine has it
+(or once the engine has it, for an engine that may still refuse it), and then an SSE comment
+every keep_alive_s until the first token, so that a client with an idle timeout waits out a long
+prefill; a full queue (429), a context overflow or a bad grammar is still a proper HTTP error; a
+client that leaves is cancelled at once; an error after the stream started is an error frame in
+the API's own shape. Each list of events from the pipeline (one engine chunk) is one write.
 
 A client can leave in two places, and its work is cancelled at once in both:
 - before the response starts (a request waiting in the queue, or a non-streamed one being
@@ -54,7 +56,7 @@ from lingcode.engine import EngineError, ModelInfo, SamplingParams, on_handed_ov
 from lingcode.pipeline import metrics
 from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
-from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, build_constraint, run_turn
+from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, TurnStart, build_constraint, run_turn
 from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
 from lingcode.server.http11 import DISCONNECTED, SEND_HEAD
 from lingcode.server.openapi import request_body
@@ -65,6 +67,8 @@ from lingcode.text.families import Family, family_for
 log = logging.getLogger("lingcode.server")
 
 DONE = "data: [DONE]\n\n"
+KEEP_ALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it, and their idle timers restart
+KEEP_ALIVE_S = 10.0  # a stream's comments until its first token, at most this far apart (serve --stream-keep-alive)
 T = TypeVar("T")
 # Prompts longer than this (characters) are rendered and tokenized on a thread, so one huge
 # request cannot stall every other client's stream; shorter ones inline, which is faster.
@@ -96,6 +100,18 @@ def usage_dict(usage: Usage) -> dict:
     }
 
 
+def finish_reason(end: TurnEnd) -> str:
+    """OpenAI's finish_reason for a turn's end: a looping answer lingcode stopped is a normal stop
+    (not "length": no limit was reached), and stop_fields says why."""
+    return "stop" if end.finish_reason == "loop" else end.finish_reason
+
+
+def stop_fields(end: TurnEnd) -> dict:
+    """lingcode's own field on a finished answer, where no API has a word for why it ended:
+    {"lingcode": {"stop_reason": "loop"}} for a looping answer lingcode stopped; else nothing."""
+    return {"lingcode": {"stop_reason": end.finish_reason}} if end.finish_reason == "loop" else {}
+
+
 def timings_dict(usage: Usage | None, timing: Timing | None) -> dict:
     """lingcode's `timings` object: ttft_ms, tpot_ms, total_ms, tokens_per_s, and the token counts."""
     timings = timing.as_dict() if timing is not None else {}
@@ -116,7 +132,9 @@ class Shape:
     def whole(self, end: TurnEnd) -> dict:
         raise NotImplementedError
 
-    def opening(self) -> str:
+    def opening(self, start: TurnStart | None = None) -> str:
+        """The stream's opening frames. start: the turn's first event, if the opening goes out with
+        it; None before the engine has the request (StreamHead)."""
         return ""
 
     def frames(self, events: list[TurnEvent]) -> str:
@@ -228,8 +246,10 @@ class Serving:
     path: str
     request_model: type[StrictModel]
 
-    def __init__(self, scheduler: Scheduler, info: ModelInfo, model_id: str, max_body_bytes: int):
+    def __init__(self, scheduler: Scheduler, info: ModelInfo, model_id: str, max_body_bytes: int, *,
+                 keep_alive_s: float = KEEP_ALIVE_S):  # fmt: skip
         self.scheduler, self.info, self.model_id, self.max_body_bytes = scheduler, info, model_id, max_body_bytes
+        self.keep_alive_s = keep_alive_s
         self.family: Family = family_for(info)
 
     def install(self, app: FastAPI) -> None:
@@ -253,7 +273,7 @@ class Serving:
         body = parse(self.request_model, data)
         trace.add("body", read - started)
         trace.add("validate", clock() - read)
-        with StreamHead(request) as head:
+        with StreamHead(request, self.keep_alive_s) as head:
             # 2. convert: the prompt, the sampling params, the shape (a stream's head may go out meanwhile)
             try:
                 prepared = await self.prepare(body, request)
@@ -267,7 +287,10 @@ class Serving:
                     compiled = clock()
                     await until_disconnected(request, self._constrain(prepared))
                     trace.add("grammar", clock() - compiled)
-                # 4. run it, and answer once or stream
+                # 4. a stream nothing can refuse any more opens now, before the engine has it
+                if prepared.stream and self._opens_before_submit(head):
+                    await head.send_opening(prepared.shape)
+                # 5. run it, and answer once or stream
                 response = await respond(request, self.run(prepared), prepared.stream, prepared.shape, head)
             except BaseException:
                 if prepared.release is not None:
@@ -325,6 +348,14 @@ class Serving:
         if TurnSpec(self.family, tuple(tools), choice, True).forced_tools() is not None:
             return None
         return Opening(sampling, shape) if self.scheduler.refusal() is None else None
+
+    def _opens_before_submit(self, head: StreamHead) -> bool:
+        """Whether a checked stream opens before the engine has it: an engine that refuses nothing
+        the daemon checked (head_before_submit), and a scheduler that would take it (or a head that
+        went out already, after which a refusal is an error frame anyway)."""
+        if head.opened or not self.scheduler.engine.head_before_submit:
+            return False
+        return head.sent or self.scheduler.refusal() is None
 
     def _leaves_room(self, text: str, sampling: Sampling) -> bool:
         """Whether the prompt `text` surely leaves the answer room in the context, before it is
@@ -511,18 +542,21 @@ class StreamHead:
        checked and whose first step takes every core: head_before_submit), the head alone, while
        the prompt is tokenized and the engine takes the request: the client reads it before that
        step, not during it.
-    2. handed_over(), from an engine whose first step leaves cores free (head_early): the API's
-       opening frames, with the head if 1 did not send it, in a task that runs once the engine waits
-       for its first step.
-    3. Else the head goes with the first events (EventStream), in one write."""
+    2. send_opening(), once the request is checked (its grammar compiled) and before the engine has
+       it, to such an engine: the API's opening frames, with the head if 1 did not send it.
+    3. handed_over(), from an engine whose first step leaves cores free (head_early): the opening,
+       with the head, in a task that runs once the engine waits for its first step.
+    4. Else the head goes with the first events (EventStream), in one write.
+    From the head until the first events, keep_alive() sends a comment every keep_alive_s."""
 
-    __slots__ = ("request", "shape", "task", "sent", "_tokens")
+    __slots__ = ("request", "keep_alive_s", "shape", "task", "sent", "opened", "_tokens")
 
-    def __init__(self, request: ServingRequest):
-        self.request = request
-        self.shape: Shape | None = None  # its frames: set by open() (1) or respond()
-        self.task: asyncio.Task | None = None  # 2, sending the opening
-        self.sent = False  # the head went out (1 or 2)
+    def __init__(self, request: ServingRequest, keep_alive_s: float = KEEP_ALIVE_S):
+        self.request, self.keep_alive_s = request, keep_alive_s
+        self.shape: Shape | None = None  # its frames: set by open() (1), send_opening() (2) or respond()
+        self.task: asyncio.Task | None = None  # 3, sending the opening
+        self.sent = False  # the head went out (1, 2 or 3)
+        self.opened = False  # the opening went out (2 or 3)
 
     def __enter__(self) -> "StreamHead":
         self._tokens = (on_handed_over.set(self._hand_over), stream_head.set(self))
@@ -540,6 +574,21 @@ class StreamHead:
         if (send_head := self.request.scope.get(SEND_HEAD)) is not None:
             send_head()  # now, not held for the first body write (server/http11.py)
 
+    async def send_opening(self, shape: Shape) -> None:
+        self.shape = shape
+        if not self.sent:
+            await self._start()
+        await self._write(shape.opening().encode())
+        self.opened = True
+
+    async def keep_alive(self) -> None:
+        """A comment every keep_alive_s while the head is out and the first events are not: run as a
+        task beside the wait for them, and cancelled when they come."""
+        while True:
+            await asyncio.sleep(self.keep_alive_s)
+            if self.sent and (self.task is None or self.task.done()):  # never inside the opening's write
+                await self._write(KEEP_ALIVE)
+
     def failed(self, error: APIError) -> Response:
         """The answer to a request that failed after open() and before its stream: the API's error
         frame, as its stream would have sent it."""
@@ -548,14 +597,18 @@ class StreamHead:
 
     def _hand_over(self) -> None:
         # called inside the engine's generate(); the task runs once the engine waits for its first step
-        if self.shape is not None and self.task is None:
+        if self.shape is not None and self.task is None and not self.opened:
             self.task = asyncio.get_running_loop().create_task(self._send())
 
     async def _send(self) -> None:
         if not self.sent:
             await self._start()
         # the opening's write (even an empty one) sends the head the protocol holds for it
-        await self.request.send({"type": "http.response.body", "body": self.shape.opening().encode(), "more_body": True})
+        await self._write(self.shape.opening().encode())
+        self.opened = True
+
+    async def _write(self, body: bytes) -> None:
+        await self.request.send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def _start(self) -> None:
         await self.request.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
@@ -581,13 +634,16 @@ async def respond(request: ServingRequest, events: AsyncIterator[list[TurnEvent]
     try:
         if stream:
             head.shape = shape
+            keeper = asyncio.get_running_loop().create_task(head.keep_alive())
             try:
                 first: list[TurnEvent] | Exception = await until_disconnected(request, _first(events))
             except Exception as exc:
                 if not (head.sent or head.task) or isinstance(exc, ClientGone):
                     raise
                 first = exc  # the response has started: the error goes in the stream
-            return EventStream(_frames(first, events, shape, opened=head.task is not None), head)
+            finally:
+                keeper.cancel()  # a comment goes out whole or not at all: the transport takes a write at once
+            return EventStream(_frames(first, events, shape, opened=head.opened or head.task is not None), head)
         end = await until_disconnected(request, _collect(events))
         return JSONResponse(_shaped(shape.whole, end))
     except ClientGone:
@@ -640,7 +696,8 @@ async def _frames(first: list[TurnEvent] | Exception, events: AsyncIterator[list
         if isinstance(first, Exception):
             raise first
         started = clock()
-        out = ("" if opened else shape.opening()) + shape.frames(first)
+        start = next((event for event in first if isinstance(event, TurnStart)), None)
+        out = ("" if opened else shape.opening(start)) + shape.frames(first)
         trace.add("shape", clock() - started)
         yield out
         batch = first

@@ -95,7 +95,7 @@ def test_serve_hands_the_resolved_model_to_the_daemon(model_path, monkeypatch):
     assert calls == [{
         "engine": "local", "model_path": model_path, "model_name": models.DEFAULT_MODEL,
         "host": "127.0.0.1", "port": 0, "device": "auto", "max_queue": 4, "log_level": "info", "session_idle_s": 1800.0,
-        "max_sessions": 64, "session_memory_mb": 64,
+        "max_sessions": 64, "session_memory_mb": 64, "keep_alive_s": 10.0,
         "allow_remote": False, "allowed_hosts": (), "allowed_origins": (), "unix_socket": None, "log_format": "json",
         "kernels": "auto", "compile": False, "speculation": "ngram",
     }]

@@ -121,11 +121,15 @@ def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in
     assert response.status_code == 500
     error = response.json()["error"]
     assert error["code"] == "engine_error" and "injected fault" in error["message"]
-    for head_early in (False, True):  # streamed: where the head waits for the first chunk, a plain HTTP
-        monkeypatch.setattr(engine, "head_early", head_early)  # error too; else an error event, then [DONE]
+    # Streamed: where the head waits for the first chunk, a plain HTTP error too; where it went out
+    # before the engine had the request (head_before_submit) or once it had it (head_early), an
+    # error event, then [DONE].
+    for at_once, head_early in ((False, False), (False, True), (True, False)):
+        monkeypatch.setattr(engine, "head_before_submit", at_once)
+        monkeypatch.setattr(engine, "head_early", head_early)
         fail_at(1)
         response = client.post("/v1/completions", json={**body, "stream": True})
-        if head_early:
+        if at_once or head_early:
             assert response.status_code == 200
             events = [block.removeprefix("data: ") for block in response.text.split("\n\n") if block.strip()]
             assert events[-1] == "[DONE]" and len(events) == 2
@@ -150,9 +154,9 @@ def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in
     # A failed request may leave the KV cache half written: the engine forgot it, nothing stale was reused.
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     after = client.get("/v1/lingcode/stats").json()
-    assert after["engine"]["errors"] == before["errors"] + 4
+    assert after["engine"]["errors"] == before["errors"] + 5
     assert after["engine"]["running"] is None and after["scheduler"]["running"] is None
-    assert errors_metric(client) == errors_before + 4
+    assert errors_metric(client) == errors_before + 5
 
 
 # --- inputs the fuzzer found (each was a 500) -------------------------------------------------------

@@ -9,6 +9,7 @@ stay short (max_tokens <= 32) except where a long one is the point.
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import stat
 import time
@@ -19,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from conftest import serve, share_built_caches
 from lingcode.text.chat_template import render_chat
 
 GREEDY = {"temperature": 0}
@@ -260,6 +262,49 @@ def test_a_streams_head_goes_out_before_the_engine_has_the_request(daemon):
                 assert trace["until_head"] < trace["until_engine"] < trace["until_first_events"], trace
             else:
                 assert "until_head" not in trace, trace
+
+
+@pytest.fixture(scope="module")
+def keeping_daemon(model_path, tmp_path_factory):
+    """A daemon whose streams send their keep-alive comments 20 ms apart (serve --stream-keep-alive)."""
+    started = serve(model_path, share_built_caches(tmp_path_factory.mktemp("keep-alive-home")), "--stream-keep-alive", "0.02")
+    yield started
+    started.process.terminate()
+    assert started.process.wait(timeout=30) == 0, started.log.read_text()
+
+
+# Each API's stream: its path, a body around a prompt, and whether its events begin with its opening.
+OPENINGS = {
+    "/v1/chat/completions": (lambda p: {"messages": user(p)},
+                             lambda e: json.loads(e[0].removeprefix("data: "))["choices"][0]["delta"]
+                             == {"role": "assistant", "content": ""}),  # fmt: skip
+    "/v1/responses": (lambda p: {"input": p}, lambda e: e[0].startswith("event: response.created\n")),
+    "/v1/messages": (lambda p: {"model": "m", "messages": user(p)}, lambda e: e[0].startswith("event: message_start\n")),
+    "/v1/completions": (lambda p: {"prompt": p}, lambda e: e[0] == ": keep-alive"),  # no opening event: the comments
+}
+
+
+@pytest.mark.parametrize("path", OPENINGS)
+def test_a_long_prefill_opens_its_stream_at_once_and_keeps_it_alive(keeping_daemon, path):
+    """Issue 62.8: a checked stream sends its head and opening event before the engine prefills
+    anything, then SSE comments until its first token, so that clients with a header or idle
+    timeout wait out a long prompt. The order of what arrives is asserted, not its timing: the
+    prompt takes many comment intervals to prefill."""
+    body_of, is_opening = OPENINGS[path]
+    nonce = secrets.token_hex(4)  # first, so that nothing of this prompt is in the KV cache
+    prompt = nonce + " " + " ".join(str(i) for i in range(600))
+    body = {**body_of(prompt), "max_tokens": 4, "stream": True, **GREEDY}
+    headers = {"Authorization": f"Bearer {keeping_daemon.token}"}
+    with httpx.stream("POST", keeping_daemon.url + path, json=body, headers=headers, timeout=300) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [e for e in response.read().decode().split("\n\n") if e]
+    comments = [i for i, e in enumerate(events) if e == ": keep-alive"]
+    tokens = [i for i, e in enumerate(events) if any(k in e for k in ('"content":"', '"text":"', '"delta":"', "text_delta"))
+              and '"content":""' not in e]  # fmt: skip
+    assert is_opening(events), events[:3]
+    assert comments and tokens, events
+    assert comments == list(range(comments[0], comments[-1] + 1)) and comments[-1] < tokens[0], events
+    assert all(e.startswith(("data: ", "event: ")) for e in events[comments[-1] + 1 :]), events
 
 
 def test_max_tokens(client):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from fastapi.testclient import TestClient
@@ -104,12 +105,80 @@ def test_a_looping_answer_stops_when_the_client_set_no_max_tokens(serve, engine)
     loop = engine.info.tokenizer.encode(" and then")  # repeated until the script ends
     client, scripted = serve(loop * 200)
     answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
-    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["lingcode"] == {"stop_reason": "loop"}
     assert answer["usage"]["completion_tokens"] < 100  # stopped once the loop was plain, not after 600 tokens
     # With max_tokens set, the client gets exactly what it asked for (OpenAI's semantics).
     answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                        "max_tokens": 600}).json()  # fmt: skip
     assert answer["usage"]["completion_tokens"] == len(loop) * 200
+
+
+def test_a_loop_stop_is_a_normal_stop_in_every_api_and_says_why(serve, engine, caplog):
+    """Issue 62.9: no limit was reached, so clients must not read "out of tokens" (aider said
+    "token limit", Codex `max_output_tokens`): each API's normal stop, with lingcode's own field
+    saying why, and a log line. Read with the official SDKs, as agents read it."""
+    import anthropic
+    import openai
+
+    from lingcode.pipeline.generation import Usage
+    from lingcode.pipeline.turns import TurnEnd
+    from lingcode.server.anthropic.messages import MessageShape
+
+    client, _ = serve(engine.info.tokenizer.encode(" and then") * 200)
+    sdk = openai.OpenAI(base_url="http://localhost/v1", api_key=TOKEN, http_client=client, max_retries=0)
+    why = {"stop_reason": "loop"}
+    hi = [{"role": "user", "content": "hi"}]
+    with caplog.at_level("INFO", logger="lingcode.generation"):
+        chat = sdk.chat.completions.create(model="m", messages=hi)
+    assert chat.choices[0].finish_reason == "stop" and chat.model_extra["lingcode"] == why
+    assert chat.usage.completion_tokens < 100
+    assert any("repeat" in r.getMessage() and getattr(r, "stop_reason", None) == "loop" for r in caplog.records)
+    last = [c for c in sdk.chat.completions.create(model="m", messages=hi, stream=True) if c.choices][-1]
+    assert last.choices[0].finish_reason == "stop" and last.model_extra["lingcode"] == why
+    text = sdk.completions.create(model="m", prompt="hi")
+    assert text.choices[0].finish_reason == "stop" and text.model_extra["lingcode"] == why
+    last = [c for c in sdk.completions.create(model="m", prompt="hi", stream=True) if c.choices][-1]
+    assert last.choices[0].finish_reason == "stop" and last.model_extra["lingcode"] == why
+    response = sdk.responses.create(model="m", input="hi")
+    assert (response.status, response.incomplete_details) == ("completed", None)
+    assert response.model_extra["lingcode"] == why
+    events = list(sdk.responses.create(model="m", input="hi", stream=True))
+    assert events[-1].type == "response.completed" and events[-1].response.model_extra["lingcode"] == why
+    # Anthropic's max_tokens is required, so its answers are never loop-stopped; the shape maps it all the same.
+    end = TurnEnd("loop", "and then", "", [], Usage(3, 60, 0), None)
+    message = anthropic.types.Message.model_validate(MessageShape("msg_1", "m").whole(end))
+    assert message.stop_reason == "end_turn" and message.model_extra["lingcode"] == why
+    delta = MessageShape("msg_1", "m").frames([end]).split("event: message_delta\ndata: ")[1].split("\n\n")[0]
+    delta = anthropic.types.RawMessageDeltaEvent.model_validate_json(delta)
+    assert delta.delta.stop_reason == "end_turn" and delta.model_extra["lingcode"] == why
+
+
+def test_the_context_limit_reads_the_same_in_every_apis_errors(serve, engine):
+    """Issue 62.9: Anthropic's error said 8191, OpenAI's 8192, for one context."""
+    import anthropic
+    import openai
+
+    client, _ = serve([])
+    context = engine.info.context_length
+    long = [{"role": "user", "content": "hi " * context}]
+    oai = openai.OpenAI(base_url="http://localhost/v1", api_key=TOKEN, http_client=client, max_retries=0)
+    ant = anthropic.Anthropic(base_url="http://localhost", api_key=TOKEN, http_client=client, max_retries=0)
+    said = []
+    for call in (lambda: oai.chat.completions.create(model="m", messages=long),
+                 lambda: oai.responses.create(model="m", input="hi " * context),
+                 lambda: ant.messages.create(model="m", max_tokens=5, messages=long),
+                 lambda: ant.messages.create(model="m", max_tokens=context, messages=[{"role": "user", "content": "hi"}])):
+        with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
+            call()
+        said.append(caught.value.message)
+    assert str(context) in said[0] and str(context) in said[1], said
+    assert re.search(rf"prompt is too long: \d+ tokens > {context} maximum", said[2]), said
+    assert re.search(rf"exceed context limit: \d+ \+ {context} > {context}", said[3]), said
+    # A prompt of exactly the context leaves no room for the answer's first token: the same number.
+    from lingcode.server.errors import ContextLengthExceeded
+
+    message = ContextLengthExceeded(context, context).anthropic_body()["error"]["message"]
+    assert f"{context} + 1 > {context}" in message, message
 
 
 def test_an_unexpected_failure_is_a_bare_500(serve):
@@ -204,12 +273,12 @@ async def test_a_streams_head_and_opening_go_out_once_the_engine_has_the_request
 
 async def test_a_stream_opens_before_the_engine_has_it_once_nothing_can_refuse_it(engine):
     """With an engine that asks for it (head_before_submit: the CPU engine), a stream's head goes
-    out once its prompt is rendered and surely leaves the answer room: before the engine has the
-    request (issue 17). The opening still goes out at the hand-over, before the first token."""
+    out once its prompt is rendered and surely leaves the answer room (issue 17), and its opening
+    once the request is checked: both before the engine has the request (issue 62.8)."""
     tokens = engine.info.tokenizer.encode("Hello world")
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
     sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions", body, before=True)
-    assert gated.seen == ["http.response.start"]
+    assert gated.seen == ["http.response.start", "http.response.body"]
     start, opening, *bodies = sent
     assert start["status"] == 200
     assert json.loads(opening["body"].removeprefix(b"data: "))["choices"][0]["delta"] == {"role": "assistant",
@@ -217,10 +286,10 @@ async def test_a_stream_opens_before_the_engine_has_it_once_nothing_can_refuse_i
     deltas = [json.loads(b.removeprefix("data: ")) for b in b"".join(m["body"] for m in bodies).decode().split("\n\n")
               if b.startswith("data: {")]  # fmt: skip
     assert "".join(d["choices"][0]["delta"].get("content", "") for d in deltas) == "Hello world"
-    # A grammar that might not compile (a 400) keeps the head until the engine has the request.
+    # A grammar that might not compile (a 400) keeps the head until it compiled; then both go out.
     sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions",
                                      {**body, "response_format": {"type": "json_object"}}, before=True)  # fmt: skip
-    assert gated.seen == [] and sent[0]["status"] == 200
+    assert gated.seen == ["http.response.start", "http.response.body"] and sent[0]["status"] == 200
 
 
 async def test_a_stream_that_fails_after_its_head_went_out_gets_an_error_frame(engine, monkeypatch):

@@ -160,7 +160,7 @@ class StopMatcher:
 class TextChunk:
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" on the last chunk
+    finish_reason: str | None = None  # "stop" | "length" | "loop" | "abort" on the last chunk
     usage: Usage | None = None  # last chunk only
     timing: Timing | None = None  # last chunk only
     output_ids: list[int] | None = None  # last chunk only: every token id generated, as generated
@@ -214,8 +214,9 @@ async def generate_text(
 
     `cut` ends the text where the caller's rule says, after the stop strings; `priority` and
     `latest_wins` go to the scheduler; `stop_loops` ends a looping answer with finish_reason
-    "length"; `end` lets the reader end the text early (EndRequest). Every stream's outcome (timings, finish reason, abort, failure) goes to
-    lingcode.pipeline.metrics.
+    "loop" (no limit was reached: each API calls it a normal stop, and lingcode's own field says
+    why); `end` lets the reader end the text early (EndRequest). Every stream's outcome (timings,
+    finish reason, abort, failure) goes to lingcode.pipeline.metrics.
     """
     end_ids = frozenset(params.stop_token_ids) | (
         frozenset() if params.ignore_eos else frozenset(scheduler.engine.info.eos_token_ids)
@@ -278,7 +279,9 @@ async def generate_text(
                     hit = hit or hit_here
                 finish = "stop" if hit else chunk.finish_reason
                 if finish is None and stop_loops and looping(output_ids):
-                    finish = "length"
+                    finish = "loop"
+                    metrics.log.info("generation %s stopped: its last tokens repeat (after %d tokens)", request_id, n_tokens,
+                                     extra={"generation_id": request_id, "stop_reason": "loop"})  # fmt: skip
                     text += stops.flush() + (cut.flush() if cut is not None else "")
                 trace.add("stops", clock() - detokenized)
                 if finish is not None and chunk.finish_reason is None:

@@ -52,7 +52,7 @@ class Reasoning:
 
 @dataclass
 class TurnEnd:
-    finish_reason: str  # "stop" | "length" | "tool_calls" | "abort"
+    finish_reason: str  # "stop" | "length" | "loop" (a looping answer, stopped) | "tool_calls" | "abort"
     content: str
     reasoning: str
     tool_calls: list[ToolCall]

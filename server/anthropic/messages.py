@@ -10,7 +10,9 @@ A streamed answer follows Anthropic's event order:
     message_delta (stop_reason, usage), message_stop
 with thinking_delta for reasoning, text_delta for text and input_json_delta for tool arguments.
 Usage: `input_tokens` counts the prompt tokens prefilled, `cache_read_input_tokens` those reused
-from the KV cache (their sum is the prompt); message_start already carries both.
+from the KV cache (their sum is the prompt). message_start goes out before the engine has the
+request (server/serving.py's StreamHead), when the cache has not been looked at: its
+`input_tokens` is the whole prompt; message_delta carries the split.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from lingcode.server.anthropic.protocol import CountTokensRequest, MessagesReque
 from lingcode.server.validation import read_json
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openapi import request_body
-from lingcode.server.serving import Opening, Prepared, Sampling, Serving, Shape, named_sse
+from lingcode.server.serving import Opening, Prepared, Sampling, Serving, Shape, named_sse, stop_fields
 from lingcode.server.validation import parse
 
-_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "abort": "end_turn"}
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "loop": "end_turn", "tool_calls": "tool_use", "abort": "end_turn"}
 
 
 class MessagesServing(Serving):
@@ -60,6 +62,7 @@ class MessagesServing(Serving):
         shape = MessageShape(f"msg_{uuid.uuid4().hex[:24]}", body.model)
         input_ids, prompt = await self._prompt(body, self.opening(body.stream, shape, sampling, body.tool_list(),
                                                                   body.choice(), grammar))  # fmt: skip
+        shape.prompt_tokens = len(input_ids)
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "messages")
         spec = self.turn_spec(body.tool_list(), body.choice(), body.parallel(), prompt)
         turn = Turn(shape.id, input_ids, params, spec, body.stop_sequences or (), stop_loops=stop_loops)
@@ -88,6 +91,7 @@ class MessageShape(Shape):
     def __init__(self, message_id: str, model: str):
         self.id, self.model = message_id, model
         self.index, self.open_kind = -1, None  # the content block being written
+        self.prompt_tokens = 0  # set once the prompt is tokenized
 
     def _head(self) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model}
@@ -101,20 +105,22 @@ class MessageShape(Shape):
         for call in end.tool_calls:
             content.append({"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name, "input": _input(call.arguments)})
         return {**self._head(), "content": content, "stop_reason": self._stop_reason(end),
-                "stop_sequence": end.stop_string, "usage": _usage(end.usage), "timings": end.timing.as_dict() if end.timing else {}}  # fmt: skip
+                "stop_sequence": end.stop_string, "usage": _usage(end.usage),
+                "timings": end.timing.as_dict() if end.timing else {}, **stop_fields(end)}  # fmt: skip
 
     def _stop_reason(self, end: TurnEnd) -> str:
         return "stop_sequence" if end.stop_string else _STOP_REASONS[end.finish_reason]
 
+    def opening(self, start: TurnStart | None = None) -> str:
+        prompt, cached = (start.prompt_tokens, start.cached_tokens) if start is not None else (self.prompt_tokens, 0)
+        message = {**self._head(), "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": _usage(Usage(prompt, 0, cached))}  # fmt: skip
+        return named_sse("message_start", {"type": "message_start", "message": message}) + named_sse("ping", {"type": "ping"})
+
     def frames(self, events: list[TurnEvent]) -> str:
         out: list[str] = []
         for event in events:
-            if isinstance(event, TurnStart):  # the first event: the prompt's usage is known
-                usage = _usage(Usage(event.prompt_tokens, 0, event.cached_tokens))
-                start = {**self._head(), "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
-                out.append(named_sse("message_start", {"type": "message_start", "message": start}))
-                out.append(named_sse("ping", {"type": "ping"}))
-            elif isinstance(event, Reasoning):
+            if isinstance(event, Reasoning):
                 if self.open_kind != "thinking":
                     out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
                 out.append(self._delta({"type": "thinking_delta", "thinking": event.text}))
@@ -130,7 +136,7 @@ class MessageShape(Shape):
                 out += self._close()
                 message_delta = {"type": "message_delta",
                                  "delta": {"stop_reason": self._stop_reason(event), "stop_sequence": event.stop_string},
-                                 "usage": _usage(event.usage)}  # fmt: skip
+                                 "usage": _usage(event.usage), **stop_fields(event)}  # fmt: skip
                 out.append(named_sse("message_delta", message_delta))
                 out.append(named_sse("message_stop", {"type": "message_stop"}))
         return "".join(out)

@@ -69,8 +69,8 @@ class EditorServing(Serving):
     path = "/v1/lingcode/complete"
     request_model = CompleteRequest
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.completion_family = completion_family(self.info)
         self._counters = dict.fromkeys(("requests", "finished", "aborted", "client_gone", "errors"), 0)
         self._cuts: dict[str, int] = {}

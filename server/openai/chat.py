@@ -15,9 +15,9 @@ import uuid
 from starlette.requests import Request
 
 from lingcode.agent.tool_parsers import CallArgs, CallStart
-from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent
+from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent, TurnStart
 from lingcode.server.openai.protocol import ChatCompletionRequest, json_format
-from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict, usage_dict
+from lingcode.server.serving import DONE, Prepared, Serving, Shape, finish_reason, sse, stop_fields, timings_dict, usage_dict
 
 
 class ChatServing(Serving):
@@ -65,11 +65,11 @@ class ChatShape(Shape):
             ]
         if end.reasoning:
             message["reasoning_content"] = end.reasoning
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": end.finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(end)}
         return {**self._head("chat.completion"), "choices": [choice], "usage": usage_dict(end.usage),
-                "timings": timings_dict(end.usage, end.timing)}  # fmt: skip
+                "timings": timings_dict(end.usage, end.timing), **stop_fields(end)}  # fmt: skip
 
-    def opening(self) -> str:
+    def opening(self, start: TurnStart | None = None) -> str:
         return sse(self._chunk({"role": "assistant", "content": ""}))  # OpenAI's first chunk: the role
 
     def frames(self, events: list[TurnEvent]) -> str:
@@ -94,4 +94,4 @@ class ChatShape(Shape):
 
     def closing(self, end: TurnEnd) -> dict:
         """The stream's last choice chunk: the finish reason, and lingcode's timings."""
-        return {**self._chunk({}, end.finish_reason), "timings": timings_dict(end.usage, end.timing)}
+        return {**self._chunk({}, finish_reason(end)), "timings": timings_dict(end.usage, end.timing), **stop_fields(end)}

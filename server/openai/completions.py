@@ -10,7 +10,7 @@ from starlette.requests import Request
 from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai.protocol import CompletionRequest
-from lingcode.server.serving import DONE, Prepared, Serving, Shape, sse, timings_dict, usage_dict
+from lingcode.server.serving import DONE, Prepared, Serving, Shape, finish_reason, sse, stop_fields, timings_dict, usage_dict
 
 
 class CompletionsServing(Serving):
@@ -67,9 +67,9 @@ class CompletionShape(Shape):
         return chunk
 
     def whole(self, end: TurnEnd) -> dict:
-        choice = {"index": 0, "text": end.content, "logprobs": None, "finish_reason": end.finish_reason}
+        choice = {"index": 0, "text": end.content, "logprobs": None, "finish_reason": finish_reason(end)}
         return {**self._head(), "choices": [choice], "usage": usage_dict(end.usage),
-                "timings": timings_dict(end.usage, end.timing)}  # fmt: skip
+                "timings": timings_dict(end.usage, end.timing), **stop_fields(end)}  # fmt: skip
 
     def frames(self, events: list[TurnEvent]) -> str:
         out = []
@@ -77,7 +77,8 @@ class CompletionShape(Shape):
             if isinstance(event, Content):
                 out.append(sse(self._chunk(event.text)))
             elif isinstance(event, TurnEnd):
-                out.append(sse({**self._chunk("", event.finish_reason), "timings": timings_dict(event.usage, event.timing)}))
+                out.append(sse({**self._chunk("", finish_reason(event)), "timings": timings_dict(event.usage, event.timing),
+                                **stop_fields(event)}))  # fmt: skip
                 if self.include_usage:
                     out.append(sse({**self._chunk(None), "usage": usage_dict(event.usage)}))
         return "".join(out)

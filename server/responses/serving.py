@@ -22,10 +22,10 @@ from starlette.requests import Request
 
 from lingcode.agent.tool_parsers import CallArgs, CallStart
 from lingcode.pipeline.generation import Usage
-from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent
+from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent, TurnStart
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.responses.protocol import ResponsesRequest
-from lingcode.server.serving import Prepared, Serving, Shape, named_sse
+from lingcode.server.serving import Prepared, Serving, Shape, named_sse, stop_fields
 
 
 class ResponsesServing(Serving):
@@ -102,6 +102,7 @@ class ResponseShape(Shape):
             response["timings"] = end.timing.as_dict() if end.timing else {}
             if end.finish_reason == "length":
                 response["incomplete_details"] = {"reason": "max_output_tokens"}
+            response.update(stop_fields(end))
         return response
 
     def whole(self, end: TurnEnd) -> dict:
@@ -119,7 +120,7 @@ class ResponseShape(Shape):
         self.sequence += 1
         return named_sse(name, payload)
 
-    def opening(self) -> str:
+    def opening(self, start: TurnStart | None = None) -> str:
         return (self._event("response.created", {"response": self._response("in_progress", [])})
                 + self._event("response.in_progress", {"response": self._response("in_progress", [])}))  # fmt: skip
 

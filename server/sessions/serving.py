@@ -43,8 +43,8 @@ class SessionsServing(Serving):
     path = "/v1/sessions/{session_id}/turns"
     request_model = SessionTurnRequest
 
-    def __init__(self, *args, store: SessionStore):
-        super().__init__(*args)
+    def __init__(self, *args, store: SessionStore, **kwargs):
+        super().__init__(*args, **kwargs)
         self.store = store
 
     def install(self, app: FastAPI) -> None:
