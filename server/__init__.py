@@ -17,7 +17,7 @@ Around them, one job per module:
                   rules every API shares
   access.py       who may talk to the daemon: the Host allow-list (DNS rebinding), browser-Origin
                   refusal, then the token (Authorization: Bearer / x-api-key) on every route but /health
-  http11.py       the HTTP/1.1 protocol: requests the parser refuses answered in the API's shape
+  frameworks.py   every override of uvicorn's, Starlette's and FastAPI's internals, and what it buys
   observability.py  request ids, HTTP metrics, the access log; GET /metrics
   logs.py         JSON / key=value log lines tagged with the request id and route
   openapi.py      GET /openapi.json: request bodies documented from the routes' models

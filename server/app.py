@@ -14,7 +14,7 @@
 
 Around the routes, outermost first: request ids, metrics and access logs (observability.py); the
 Host and Origin checks (access.py); CORS for configured origins; the token (access.py); the
-APIs' own routes, reached directly (serving.DirectRoutes).
+APIs' own routes, reached directly (frameworks.DirectRoutes).
 
 create_app() takes what it serves as arguments, so the daemon (server/daemon.py) and tests build
 it the same way.
@@ -40,7 +40,8 @@ from lingcode.server.observability import RequestObserver, add_metrics_route
 from lingcode.server.openai.chat import ChatServing
 from lingcode.server.openai.completions import CompletionsServing
 from lingcode.server.responses.serving import ResponsesServing
-from lingcode.server.serving import KEEP_ALIVE_S, DirectRoutes
+from lingcode.server.frameworks import DirectRoutes
+from lingcode.server.serving import KEEP_ALIVE_S
 from lingcode.server.sessions.serving import SessionsServing
 from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BYTES, DEFAULT_MAX_SESSIONS, SessionStore
 from lingcode.agent import grammar

@@ -41,7 +41,7 @@ GRACEFUL_SHUTDOWN_S = 5  # open streams get this long to finish on Ctrl+C / SIGT
 # closed one was lost. Longer than both, the client always closes first.
 KEEP_ALIVE_S = 75
 # Open connections served at once (uvicorn's limit_concurrency): past it a request gets a 503, past
-# twice it a connection is closed as it opens (server/http11.py). Clients hold a few each.
+# twice it a connection is closed as it opens (server/frameworks.py). Clients hold a few each.
 MAX_CONNECTIONS = 256
 
 
@@ -457,16 +457,16 @@ def banner(model_name: str, url: str, token_file: Path, daemon_file: Path) -> st
 
 
 def uvicorn_config(app, log_config: dict | None, log_level: str, http: type | None = None):
-    """uvicorn's Config for the daemon: its protocol (server/http11.py; `http` another of its classes)
+    """uvicorn's Config for the daemon: its protocol (server/frameworks.py; `http` another of its classes)
     and the connection layer's limits."""
     import uvicorn
 
     # access_log off: lingcode.access (server/observability.py) logs each request with its id.
     # proxy_headers off: nothing sits in front of the daemon, so X-Forwarded-For is never believed.
-    from lingcode.server.http11 import HEAD_BYTES, protocol_class
+    from lingcode.server.frameworks import HEAD_BYTES, protocol_class
 
     # httptools (C) parses requests where it is installed, else h11; either way a request the parser
-    # refuses (a bad Content-Length) is answered in the API's own error shape (server/http11.py).
+    # refuses (a bad Content-Length) is answered in the API's own error shape (server/frameworks.py).
     return uvicorn.Config(
         app, http=http or protocol_class(), log_config=log_config, log_level=log_level, access_log=False,
         proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S,
@@ -476,10 +476,10 @@ def uvicorn_config(app, log_config: dict | None, log_level: str, http: type | No
 
 def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict, log_level: str, ready) -> int:
     """Serve `app` on `sockets` until SIGINT/SIGTERM; call ready() once connections are accepted."""
-    import uvicorn
+    from lingcode.server.frameworks import DaemonServer
 
     config = uvicorn_config(app, log_config, log_level)
-    server = _server_class(uvicorn.Server)(config, scheduler, ready)
+    server = DaemonServer(config, scheduler, ready)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful shutdown), then re-raises the signal with
     # the handler it found. A no-op there lets us return, clean up, and exit 0.
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -509,46 +509,6 @@ def _event_loop_factory():
         except ImportError:
             pass
     return None
-
-
-def _server_class(base: type) -> type:
-    """uvicorn's Server (`base`, imported late), woken by what happens rather than by a clock."""
-
-    class DaemonServer(base):
-        """uvicorn looks for a stop 10 times a second, and the daemon looked 20 times more: an idle
-        daemon woke 30 times a second, and on the CPU each wake-up takes a core from the engine's
-        step. Here a stop signal wakes the loop itself; the one tick left (the Date header, once a
-        second) also catches a signal that did not wake it (another thread took it)."""
-
-        def __init__(self, config, scheduler, ready) -> None:
-            super().__init__(config)
-            self._scheduler, self._ready = scheduler, ready
-            self._loop: asyncio.AbstractEventLoop | None = None
-            self._stop: asyncio.Event | None = None
-
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started and not self.should_exit:
-                self._ready()
-
-        def handle_exit(self, sig, frame) -> None:  # a signal handler: on the loop's thread, between two bytecodes
-            super().handle_exit(sig, frame)
-            if self._stop is not None:
-                self._loop.call_soon_threadsafe(self._stop.set)
-
-        async def main_loop(self) -> None:
-            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-            while not await self.on_tick(0):  # tick 0: uvicorn refreshes the Date header
-                try:
-                    await asyncio.wait_for(self._stop.wait(), 1.0)
-                except TimeoutError:
-                    pass
-            # Before uvicorn waits for open responses to end: the scheduler ends them at once, each
-            # with an error a client can see (a 503, or an error event then [DONE] on a stream),
-            # instead of their being cut when the graceful-shutdown timeout runs out.
-            await self._scheduler.shut_down("the daemon is shutting down; retry once it is back")
-
-    return DaemonServer
 
 
 async def _serve(server, sockets: list[socket.socket], scheduler) -> None:

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from lingcode.pipeline import metrics
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.errors import CLIENT_GONE
-from lingcode.server.http11 import ARRIVED_AT
+from lingcode.server.frameworks import ARRIVED_AT
 
 REQUEST_ID_HEADER = "x-request-id"
 TRACE_HEADER = "x-lingcode-trace"  # asks for `timings.trace`: where the request's time went (lingcode bench daemon)

@@ -43,11 +43,9 @@ from typing import TypeVar
 import anyio
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from lingcode.agent.grammar import GrammarError, GrammarUnavailable
 from lingcode.agent.tool_parsers import Tool
@@ -58,7 +56,7 @@ from lingcode.pipeline.generation import Timing, Usage
 from lingcode.pipeline.scheduler import Scheduler
 from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, TurnStart, build_constraint, run_turn
 from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
-from lingcode.server.http11 import DISCONNECTED, SEND_HEAD
+from lingcode.server.frameworks import DISCONNECTED, SEND_HEAD, RequestRoute, ServingRequest
 from lingcode.server.openapi import request_body
 from lingcode.server.validation import StrictModel, parse, read_json
 from lingcode.text.chat_template import TemplateError
@@ -178,65 +176,6 @@ class Opening:
 
 
 # --- the pipeline -----------------------------------------------------------------------------
-
-
-class ServingRequest(Request):
-    """A request whose handler can send its response's head before it returns the response (a
-    stream's, once the engine has the request: StreamHead)."""
-
-    def __init__(self, scope: Scope, receive: Receive, send: Send):
-        super().__init__(scope, receive, send)
-        self.send = send
-
-
-class RequestRoute(APIRoute):
-    """A route whose endpoint takes a ServingRequest and reads its own body (Serving.handle):
-    FastAPI's dependency solving would find nothing to inject, yet runs before the handler on
-    every request (docs/engine-notes.md). The route answers its own APIErrors (the handler raises
-    them before any response starts), so it needs none of the app's exception layers (DirectRoutes);
-    an unexpected error still reaches the app's outermost handler, a 500. The route stays in the
-    OpenAPI schema."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        endpoint = self.endpoint
-
-        async def app(scope: Scope, receive: Receive, send: Send) -> None:
-            try:
-                response = await endpoint(ServingRequest(scope, receive, send))
-            except APIError as exc:
-                response = exc.response(scope["path"])
-            await response(scope, receive, send)
-
-        self.app = app
-
-    def get_route_handler(self):
-        return self.endpoint
-
-
-class DirectRoutes:
-    """The innermost of lingcode's middlewares: a POST to an API's own path (a RequestRoute without
-    path parameters) goes straight to its route, past the exception layers, the router's walk over
-    every route and the route's own dispatch, which the framework runs before each handler. Every
-    other request goes on through the app as before (and 404s and 405s are still the router's)."""
-
-    def __init__(self, app: ASGIApp, routes: list[BaseRoute]):
-        self.app = app
-        self.routes = routes  # the app's live list: the APIs install their routes after this middleware
-        self._direct: dict[str, ASGIApp] = {}
-        self._seen = -1  # how many routes there were when _direct was built
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            if len(self.routes) != self._seen:
-                self._direct = {r.path: r.app for r in self.routes
-                                if isinstance(r, RequestRoute) and not r.param_convertors}  # fmt: skip
-                self._seen = len(self.routes)
-            route = self._direct.get(scope["path"])
-            if route is not None:
-                await route(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class Serving:
@@ -432,7 +371,7 @@ async def until_disconnected(request: Request, work: Coroutine[object, object, T
     """Await `work`; if the client disconnects first, cancel it, wait for its cleanup, raise ClientGone.
 
     The work runs in the caller's own task, which is cancelled if the client leaves. The daemon's
-    HTTP protocol says so itself: the scope carries the connection's loss (server/http11.py), and
+    HTTP protocol says so itself: the scope carries the connection's loss (server/frameworks.py), and
     nothing else runs. Under another ASGI server (the tests' TestClient) a watcher task awaits the
     client's `http.disconnect`, and starts before the work, so that nothing of the loop's runs
     once the work has handed the engine its request."""
@@ -572,7 +511,7 @@ class StreamHead:
         if (trace := metrics.trace.get()) is not None:
             trace.mark("until_head")
         if (send_head := self.request.scope.get(SEND_HEAD)) is not None:
-            send_head()  # now, not held for the first body write (server/http11.py)
+            send_head()  # now, not held for the first body write (server/frameworks.py)
 
     async def send_opening(self, shape: Shape) -> None:
         self.shape = shape

@@ -309,10 +309,10 @@ def test_a_malformed_content_length_gets_the_apis_error_shape(daemon, length, pa
 
 
 def test_a_held_head_never_delays_an_interim_answer_or_gets_lost():
-    """server/http11.py sends a response's head with its first body bytes. A 100 Continue (the
+    """server/frameworks.py sends a response's head with its first body bytes. A 100 Continue (the
     client waits for it before it sends the body) goes out at once, and a connection closed after
     a head alone (an app that failed mid-answer) still sends the head."""
-    from lingcode.server.http11 import HeadWithBody
+    from lingcode.server.frameworks import HeadWithBody
 
     class Transport:
         def __init__(self):
@@ -514,7 +514,7 @@ def test_idle_floods_are_capped_with_503s_and_idle_or_slow_connections_closed(da
     API's shape; past 512 a connection is closed as it opens. A new connection that sends no
     request, or whose head is not in 30 s after it opened, is closed (with a 408 if a head began)."""
     from lingcode.server.daemon import MAX_CONNECTIONS
-    from lingcode.server.http11 import HEAD_TIMEOUT_S
+    from lingcode.server.frameworks import HEAD_TIMEOUT_S
 
     fds_before = _open_fds(daemon.process.pid)
     slow = _connect(daemon, timeout=120)
@@ -583,11 +583,11 @@ def short_timeouts(request, monkeypatch):
     import uvicorn
 
     from lingcode.server import daemon as d
-    from lingcode.server import http11
+    from lingcode.server import frameworks
 
-    monkeypatch.setattr(http11, "HEAD_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(frameworks, "HEAD_TIMEOUT_S", 1.0)
     monkeypatch.setattr(d, "KEEP_ALIVE_S", 1)
-    http = http11.protocol_class() if request.param == "httptools" else http11.APIErrorH11Protocol
+    http = frameworks.protocol_class() if request.param == "httptools" else frameworks.APIErrorH11Protocol
     assert request.param in http.__name__.lower()
     server = uvicorn.Server(d.uvicorn_config(_slow_stream_app, None, "warning", http=http))
     sock = d.bind_socket("127.0.0.1", 0)

@@ -1,8 +1,8 @@
 """The parts of uvicorn's, h11's, Starlette's and FastAPI's internals the daemon relies on still exist.
 
-server/http11.py overrides uvicorn's HTTP protocols (and reads h11's connection state), server/daemon.py
-uvicorn's Server loop, server/serving.py FastAPI's route handling; pyproject.toml caps each framework
-at the minor version tested. A new release that renames one of these parts fails here, in CI, rather
+server/frameworks.py overrides uvicorn's HTTP protocols (reading h11's connection state) and Server
+loop, Starlette's Request and FastAPI's route handling; pyproject.toml caps each framework at the
+minor version tested. A new release that renames one of these parts fails here, in CI, rather
 than silently in a user's daemon. No daemon, no model: the frameworks' own classes and sources.
 """
 
@@ -49,7 +49,7 @@ def test_the_framework_internals_the_daemon_overrides_still_exist(cls):
 
 
 def test_a_request_still_takes_scope_receive_and_send():
-    """server/serving.py's ServingRequest keeps `send`, which Starlette's Request takes but does not expose."""
+    """server/frameworks.py's ServingRequest keeps `send`, which Starlette's Request takes but does not expose."""
     assert list(inspect.signature(Request.__init__).parameters)[1:4] == ["scope", "receive", "send"]
 
 

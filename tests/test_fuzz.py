@@ -253,7 +253,7 @@ def test_fuzzed_request_heads_get_the_right_answer_in_the_apis_shape(daemon):
     each gets an answer, in its API's shape, with the status that the first rule it breaks says."""
     import socket
 
-    from lingcode.server.http11 import HEAD_BYTES
+    from lingcode.server.frameworks import HEAD_BYTES
     from lingcode.server.validation import MAX_BODY_BYTES
 
     host, port = daemon.url.removeprefix("http://").split(":")

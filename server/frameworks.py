@@ -1,6 +1,17 @@
-"""The daemon's HTTP/1.1 protocol: uvicorn's, with the API's own error shape for broken requests.
+"""Where lingcode overrides its web frameworks' internals, and what each override buys.
 
-uvicorn parses requests with httptools (C, the faster; lingcode's default) or h11. Either refuses a
+Every part of uvicorn, h11, Starlette or FastAPI that the daemon reaches past their public API is
+here; pyproject.toml caps their versions and tests/test_frameworks.py checks the parts still exist.
+  - uvicorn's HTTP/1.1 protocols (APIErrorH11Protocol, protocol_class()): broken requests answered
+    in the API's shape, bounded request heads, timeouts and a connection cap, a response's head sent
+    with its first body bytes, and each request's arrival and disconnection in its scope;
+  - uvicorn's Server loop (DaemonServer): woken by a stop signal instead of 10 times a second, and
+    open streams ended with an error a client can see before uvicorn waits for them;
+  - Starlette's Request and FastAPI's routing (ServingRequest, RequestRoute, DirectRoutes): a handler
+    may send its response's head before it returns, and an API's POST goes straight to its route,
+    past dependency solving, the exception layers and the router's walk.
+
+The protocols. uvicorn parses requests with httptools (C, the faster; lingcode's default) or h11. Either refuses a
 request whose framing it cannot trust (a Content-Length that is not a number, two
 that disagree, a header line that is no header) before any ASGI app sees it, and uvicorn then
 answers a plain-text "Invalid HTTP request received." Here the answer is the API's own: a 400
@@ -40,6 +51,11 @@ import time
 from urllib.parse import urlsplit
 
 import h11
+import uvicorn
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lingcode.server.errors import RETRY_AFTER_S, APIError
@@ -52,6 +68,9 @@ ARRIVED_AT = "lingcode.arrived_at"  # the scope's key: when the request's first 
 DISCONNECTED = "lingcode.disconnected"  # the scope's key: a future, done once the connection is lost
 SEND_HEAD = "lingcode.send_head"  # the scope's key: sends a response head held for the first body write now
 _CONTINUE = b"HTTP/1.1 100 "  # an interim answer: the client waits for it before sending the body
+
+
+# --- uvicorn's HTTP/1.1 protocols --------------------------------------------------------------------
 
 
 class HeadWithBody:
@@ -313,3 +332,103 @@ def protocol_class() -> type:
                 return ""
 
     return APIErrorHttpToolsProtocol
+
+
+# --- uvicorn's Server loop -------------------------------------------------------------------------
+
+
+class DaemonServer(uvicorn.Server):
+    """uvicorn looks for a stop 10 times a second, and the daemon looked 20 times more: an idle
+    daemon woke 30 times a second, and on the CPU each wake-up takes a core from the engine's
+    step. Here a stop signal wakes the loop itself; the one tick left (the Date header, once a
+    second) also catches a signal that did not wake it (another thread took it)."""
+
+    def __init__(self, config, scheduler, ready) -> None:
+        super().__init__(config)
+        self._scheduler, self._ready = scheduler, ready
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and not self.should_exit:
+            self._ready()
+
+    def handle_exit(self, sig, frame) -> None:  # a signal handler: on the loop's thread, between two bytecodes
+        super().handle_exit(sig, frame)
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    async def main_loop(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        while not await self.on_tick(0):  # tick 0: uvicorn refreshes the Date header
+            try:
+                await asyncio.wait_for(self._stop.wait(), 1.0)
+            except TimeoutError:
+                pass
+        # Before uvicorn waits for open responses to end: the scheduler ends them at once, each
+        # with an error a client can see (a 503, or an error event then [DONE] on a stream),
+        # instead of their being cut when the graceful-shutdown timeout runs out.
+        await self._scheduler.shut_down("the daemon is shutting down; retry once it is back")
+
+
+# --- Starlette's requests and FastAPI's routing ------------------------------------------------------
+
+
+class ServingRequest(Request):
+    """A request whose handler can send its response's head before it returns the response (a
+    stream's, once the engine has the request: StreamHead)."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send):
+        super().__init__(scope, receive, send)
+        self.send = send
+
+
+class RequestRoute(APIRoute):
+    """A route whose endpoint takes a ServingRequest and reads its own body (Serving.handle):
+    FastAPI's dependency solving would find nothing to inject, yet runs before the handler on
+    every request (docs/engine-notes.md). The route answers its own APIErrors (the handler raises
+    them before any response starts), so it needs none of the app's exception layers (DirectRoutes);
+    an unexpected error still reaches the app's outermost handler, a 500. The route stays in the
+    OpenAPI schema."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        endpoint = self.endpoint
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            try:
+                response = await endpoint(ServingRequest(scope, receive, send))
+            except APIError as exc:
+                response = exc.response(scope["path"])
+            await response(scope, receive, send)
+
+        self.app = app
+
+    def get_route_handler(self):
+        return self.endpoint
+
+
+class DirectRoutes:
+    """The innermost of lingcode's middlewares: a POST to an API's own path (a RequestRoute without
+    path parameters) goes straight to its route, past the exception layers, the router's walk over
+    every route and the route's own dispatch, which the framework runs before each handler. Every
+    other request goes on through the app as before (and 404s and 405s are still the router's)."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]):
+        self.app = app
+        self.routes = routes  # the app's live list: the APIs install their routes after this middleware
+        self._direct: dict[str, ASGIApp] = {}
+        self._seen = -1  # how many routes there were when _direct was built
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            if len(self.routes) != self._seen:
+                self._direct = {r.path: r.app for r in self.routes
+                                if isinstance(r, RequestRoute) and not r.param_convertors}  # fmt: skip
+                self._seen = len(self.routes)
+            route = self._direct.get(scope["path"])
+            if route is not None:
+                await route(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
