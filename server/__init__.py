@@ -10,8 +10,11 @@ from the pipeline:
   editor/         POST /v1/lingcode/complete: code completions at a cursor
 Around them, one job per module:
   app.py          create_app(): wires the routes, auth and error handling together
-  serving.py      the pipeline every API goes through (Serving, Shape, respond), and clients that
-                  leave: work nobody will read is cancelled, SSE always closes its source
+  serving.py      the pipeline every API goes through (Serving, Shape, Prepared) and the SSE helpers
+                  the APIs share
+  streaming.py    stream or collect (respond), a stream's head before its first events
+                  (StreamHead), and clients that leave: work nobody will read is cancelled, SSE
+                  always closes its source
   errors.py       every failure in the API's error shape, with the right HTTP status (as_api_error)
   validation.py   reading a JSON body under a size limit, the strict base model, parse(), the
                   rules every API shares

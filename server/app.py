@@ -41,8 +41,8 @@ from lingcode.server.openai.chat import ChatServing
 from lingcode.server.openai.completions import CompletionsServing
 from lingcode.server.responses.serving import ResponsesServing
 from lingcode.server.frameworks import DirectRoutes
-from lingcode.server.serving import KEEP_ALIVE_S
 from lingcode.server.sessions.serving import SessionsServing
+from lingcode.server.streaming import KEEP_ALIVE_S
 from lingcode.agent.sessions import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_BYTES, DEFAULT_MAX_SESSIONS, SessionStore
 from lingcode.agent import grammar
 from lingcode.agent.tool_prompt import template_takes_tools
@@ -55,7 +55,7 @@ def create_app(
     session_bytes: int = DEFAULT_MAX_BYTES, keep_alive_s: float = KEEP_ALIVE_S,
     allowed_hosts: tuple[str, ...] = (), allowed_origins: tuple[str, ...] = (), unix_socket: str | None = None,
 ) -> FastAPI:
-    """keep_alive_s: how far apart a stream's comments are until its first token (server/serving.py);
+    """keep_alive_s: how far apart a stream's comments are until its first token (server/streaming.py);
     allowed_hosts / allowed_origins: Host names and browser origins served besides loopback ones
     (server/access.py); unix_socket: the path of the daemon's own socket, whose clients need no token."""
     # No /docs: /openapi.json (behind the token) is for tools; every other path that is not a route is a 404.

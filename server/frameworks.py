@@ -23,7 +23,7 @@ app, so they are in neither the access log nor /metrics; uvicorn logs a warning 
 Each response's head also goes out with its first body bytes, in one write (HeadWithBody):
 uvicorn writes them apart, and on loopback each write wakes the client, so a streamed answer's
 first token waited for a second wake-up. A stream that opens before it has anything to send sends
-its head alone (SEND_HEAD, in the scope: server/serving.py's StreamHead).
+its head alone (SEND_HEAD, in the scope: server/streaming.py's StreamHead).
 
 The connection layer's limits (SECURITY.md, guarantee 22): a request's line and headers are at
 most HEAD_BYTES (h11's max_incomplete_event_size; counted here for httptools, whose parser has no
@@ -39,7 +39,7 @@ descriptors stay bounded however fast they come.
 Each request's scope carries when its first bytes were read (ARRIVED_AT, perf_counter's clock):
 the request's trace starts there, so parsing it and starting its task count as the daemon's. It
 also carries its connection's loss (DISCONNECTED, a future), so the daemon learns that a client left
-without a task of its own awaiting the next ASGI message (server/serving.py: until_disconnected).
+without a task of its own awaiting the next ASGI message (server/streaming.py: until_disconnected).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ _CONTINUE = b"HTTP/1.1 100 "  # an interim answer: the client waits for it befor
 class HeadWithBody:
     """One response's transport: holds the response head until the first body write, and sends both
     as one (everything else passes through). Every response sends its body right after its head:
-    a stream's head goes with its opening frames, even empty ones (server/serving.py). A response with no
+    a stream's head goes with its opening frames, even empty ones (server/streaming.py). A response with no
     body write (HEAD) sends its head when it completes, a closed connection before it closes."""
 
     __slots__ = ("_transport", "_head", "_held")

@@ -240,7 +240,7 @@ class Engine(Protocol):
     chunk (an error before that point means the engine never ran it); an engine whose first step
     needs every core of the host leaves it out, and a stream's head waits for the first chunk.
     head_before_submit: a stream's head goes out before the engine has the request, once the
-    daemon has checked it (server/serving.py's StreamHead): for an engine that refuses nothing
+    daemon has checked it (server/streaming.py's StreamHead): for an engine that refuses nothing
     the daemon checked (its context, a prompt not empty) and whose first step needs every core,
     so that the client reads the head before that step rather than during it."""
 

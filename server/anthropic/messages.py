@@ -11,7 +11,7 @@ A streamed answer follows Anthropic's event order:
 with thinking_delta for reasoning, text_delta for text and input_json_delta for tool arguments.
 Usage: `input_tokens` counts the prompt tokens prefilled, `cache_read_input_tokens` those reused
 from the KV cache (their sum is the prompt). message_start goes out before the engine has the
-request (server/serving.py's StreamHead), when the cache has not been looked at: its
+request (server/streaming.py's StreamHead), when the cache has not been looked at: its
 `input_tokens` is the whole prompt; message_delta carries the split.
 """
 
