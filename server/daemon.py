@@ -45,7 +45,7 @@ KEEP_ALIVE_S = 75
 MAX_CONNECTIONS = 256
 
 
-SWITCH_INTERVAL_MS = 0.05  # see serve(); Python's default is 5 ms
+SWITCH_INTERVAL_MS = 0.05  # see _set_switch_interval(); Python's default is 5 ms
 
 
 def _engine_in_own_process(device: str) -> bool:
@@ -329,6 +329,7 @@ def serve(
     torch.compile the local engine's torch step (minutes of compiling at load). speculation: the local
     engine's drafting ("ngram", "off", "early-exit:L").
     """
+    # 1. what cannot run is refused before anything is bound or loaded
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
     if not is_loopback(host) and not allow_remote:
@@ -338,49 +339,20 @@ def serve(
     if (other := running_daemon(daemon_file)) is not None:
         return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']}; stop it first "
                      f"(or remove {daemon_file} if that is wrong)")  # fmt: skip
+    # 2. the token file, then the sockets: a busy port fails before the model loads
     token_file = paths.token_file()
     token = ensure_token(token_file)
     if not is_loopback(host):
-        wildcard = host in ("0.0.0.0", "::", "")
-        served = ", ".join(["localhost", "127.0.0.1", "::1", *([] if wildcard else [host]), *allowed_hosts])
-        print(f"lingcode serve: WARNING: listening on {host}, not loopback (--allow-remote): anyone who can "
-              f"reach this machine and has the token can use the model. Host names served: {served} "
-              "(add more with --allow-host)", file=sys.stderr, flush=True)  # fmt: skip
-        if not wildcard:
-            allowed_hosts = (*allowed_hosts, host)
-    try:
-        sock = bind_socket(host, port)
-    except OSError as exc:
-        return _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
-    unix_sock = None
-    if unix_socket is not None:
-        unix_socket = Path(unix_socket).absolute()
-        try:
-            unix_sock = bind_unix_socket(unix_socket)
-        except OSError as exc:
-            sock.close()
-            return _fail(f"cannot listen on {unix_socket}: {exc.strerror or exc}")
-    sockets = [sock] if unix_sock is None else [sock, unix_sock]
-
+        allowed_hosts = _warn_remote(host, allowed_hosts)
+    bound = _bind(host, port, unix_socket)
+    if isinstance(bound, int):
+        return bound
+    sockets, unix_socket = bound
+    # 3. the engine
     started = time.perf_counter()
     try:
-        if engine == "sglang":
-            from lingcode.engine.sglang.engine import open_engine
-
-            # Preflight first (GPUs, interpreter, model directory): a problem is one line, at once.
-            local_engine = open_engine(model_path, engine_url=engine_url, profile=profile, name=model_name, say=_say)
-        else:
-            _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
-            if _engine_in_own_process(device):
-                from lingcode.engine.local.process import EngineProcess
-
-                local_engine = EngineProcess.start(Path(model_path), device=device, kernels=kernels, compile=compile,
-                                                   speculation=speculation)  # fmt: skip
-            else:
-                from lingcode.engine.local import load_engine
-
-                local_engine = load_engine(Path(model_path), device=device, kernels=kernels, compile=compile,
-                                           speculation=speculation)
+        local_engine = _load_engine(engine, model_path, model_name, device, engine_url=engine_url, profile=profile,
+                                    kernels=kernels, compile=compile, speculation=speculation)  # fmt: skip
     except KeyboardInterrupt:
         _close(sockets, unix_socket)
         return 130
@@ -396,25 +368,20 @@ def serve(
     where = " ".join(str(info.extra[k]) for k in ("device", "dtype") if k in info.extra) or info.extra.get("url", device)
     _say(f"loaded {model_name} in {time.perf_counter() - started:.1f} s ({where}, "
          f"{info.context_length} tokens of context)")  # fmt: skip
-
+    # 4. the app over the engine
     from lingcode.pipeline.scheduler import Scheduler
     from lingcode.server import logs
     from lingcode.server.app import create_app
 
     log_config = logs.configure(log_level, log_format)
-    # The engine's worker thread and the event loop share the GIL. A thread that wants it waits
-    # until the holder reaches a switch point, by default up to 5 ms: the engine's Python between
-    # two GPU verify steps then waits behind a whole burst of the loop's work (drafting ran 1.12-1.18x
-    # slower in the daemon than direct on the H200; 0.98-1.01x at 50 us). LINGCODE_SWITCH_INTERVAL_MS
-    # overrides it, for `lingcode bench daemon`.
-    sys.setswitchinterval(float(os.environ.get("LINGCODE_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS)) / 1e3)
-
+    _set_switch_interval()
     scheduler = Scheduler(local_engine, max_queue=max_queue)
     app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,
                      max_sessions=max_sessions, session_bytes=session_memory_mb * 2**20, keep_alive_s=keep_alive_s,
                      allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
                      unix_socket=str(unix_socket) if unix_socket else None)  # fmt: skip
-    url = socket_url(sock)
+    # 5. uvicorn on the sockets; daemon.json once it accepts connections, removed when it stops
+    url = socket_url(sockets[0])
     record = {
         "url": url, "pid": os.getpid(), "engine": engine, "model": model_name, "model_path": str(model_path),
         "token_file": str(token_file), "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -434,6 +401,64 @@ def serve(
     finally:
         remove_daemon_file(daemon_file)
         _close(sockets, unix_socket)
+
+
+def _warn_remote(host: str, allowed_hosts: tuple[str, ...]) -> tuple[str, ...]:
+    """Warn that a host that is not loopback (--allow-remote) is served; the Host names served then."""
+    wildcard = host in ("0.0.0.0", "::", "")
+    served = ", ".join(["localhost", "127.0.0.1", "::1", *([] if wildcard else [host]), *allowed_hosts])
+    print(f"lingcode serve: WARNING: listening on {host}, not loopback (--allow-remote): anyone who can "
+          f"reach this machine and has the token can use the model. Host names served: {served} "
+          "(add more with --allow-host)", file=sys.stderr, flush=True)  # fmt: skip
+    if not wildcard:
+        allowed_hosts = (*allowed_hosts, host)
+    return allowed_hosts
+
+
+def _bind(host: str, port: int, unix_socket: Path | None) -> tuple[list[socket.socket], Path | None] | int:
+    """The daemon's sockets, TCP first, and the Unix socket's absolute path; or, if one cannot be
+    bound, the exit code (with nothing left bound)."""
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        return _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    unix_sock = None
+    if unix_socket is not None:
+        unix_socket = Path(unix_socket).absolute()
+        try:
+            unix_sock = bind_unix_socket(unix_socket)
+        except OSError as exc:
+            sock.close()
+            return _fail(f"cannot listen on {unix_socket}: {exc.strerror or exc}")
+    return ([sock] if unix_sock is None else [sock, unix_sock]), unix_socket
+
+
+def _load_engine(engine: str, model_path: Path, model_name: str, device: str, *, engine_url: str | None,
+                 profile: str | None, kernels: str, compile: bool, speculation: str):  # fmt: skip
+    """The engine: SGLang's adapter, or the local engine in this process or in one of its own."""
+    if engine == "sglang":
+        from lingcode.engine.sglang.engine import open_engine
+
+        # Preflight first (GPUs, interpreter, model directory): a problem is one line, at once.
+        return open_engine(model_path, engine_url=engine_url, profile=profile, name=model_name, say=_say)
+    _say(f"lingcode {__version__}: loading {model_name} from {model_path} ...")
+    if _engine_in_own_process(device):
+        from lingcode.engine.local.process import EngineProcess
+
+        return EngineProcess.start(Path(model_path), device=device, kernels=kernels, compile=compile,
+                                   speculation=speculation)  # fmt: skip
+    from lingcode.engine.local import load_engine
+
+    return load_engine(Path(model_path), device=device, kernels=kernels, compile=compile, speculation=speculation)
+
+
+def _set_switch_interval() -> None:
+    """The engine's worker thread and the event loop share the GIL. A thread that wants it waits
+    until the holder reaches a switch point, by default up to 5 ms: the engine's Python between
+    two GPU verify steps then waits behind a whole burst of the loop's work (drafting ran 1.12-1.18x
+    slower in the daemon than direct on the H200; 0.98-1.01x at 50 us). LINGCODE_SWITCH_INTERVAL_MS
+    overrides it, for `lingcode bench daemon`."""
+    sys.setswitchinterval(float(os.environ.get("LINGCODE_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS)) / 1e3)
 
 
 def _close(sockets: list[socket.socket], unix_socket: Path | None) -> None:
