@@ -1,7 +1,8 @@
 """Where lingcode overrides its web frameworks' internals, and what each override buys.
 
 Every part of uvicorn, h11, Starlette or FastAPI that the daemon reaches past their public API is
-here; pyproject.toml caps their versions and tests/test_frameworks.py checks the parts still exist.
+here but one (the last below); pyproject.toml caps their versions and tests/test_frameworks.py
+checks that the parts still exist.
   - uvicorn's HTTP/1.1 protocols (APIErrorH11Protocol, protocol_class()): broken requests answered
     in the API's shape, bounded request heads, timeouts and a connection cap, a response's head sent
     with its first body bytes, and each request's arrival and disconnection in its scope;
@@ -10,9 +11,11 @@ here; pyproject.toml caps their versions and tests/test_frameworks.py checks the
   - Starlette's Request and FastAPI's routing (ServingRequest, RequestRoute, DirectRoutes): a handler
     may send its response's head before it returns, and an API's POST goes straight to its route,
     past dependency solving, the exception layers and the router's walk.
+  - Starlette's StreamingResponse (server/streaming.py's EventStream, beside the stream logic it
+    drives): every frame sent from the handler's own task.
 
-The protocols. uvicorn parses requests with httptools (C, the faster; lingcode's default) or h11. Either refuses a
-request whose framing it cannot trust (a Content-Length that is not a number, two
+The protocols. uvicorn parses requests with httptools (C, the faster; lingcode's default) or h11.
+Either refuses a request whose framing it cannot trust (a Content-Length that is not a number, two
 that disagree, a header line that is no header) before any ASGI app sees it, and uvicorn then
 answers a plain-text "Invalid HTTP request received." Here the answer is the API's own: a 400
 (or h11's status hint, such as 431 for headers too large) in OpenAI's error shape, Anthropic's

@@ -1,8 +1,8 @@
 """The parts of uvicorn's, h11's, Starlette's and FastAPI's internals the daemon relies on still exist.
 
 server/frameworks.py overrides uvicorn's HTTP protocols (reading h11's connection state) and Server
-loop, Starlette's Request and FastAPI's route handling; pyproject.toml caps each framework at the
-minor version tested. A new release that renames one of these parts fails here, in CI, rather
+loop, Starlette's Request and FastAPI's route handling, and server/streaming.py's EventStream
+Starlette's StreamingResponse; pyproject.toml caps each framework at the minor version tested. A new release that renames one of these parts fails here, in CI, rather
 than silently in a user's daemon. No daemon, no model: the frameworks' own classes and sources.
 """
 
@@ -15,6 +15,7 @@ import h11
 import pytest
 from fastapi.routing import APIRoute
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.server import Server
 
@@ -32,6 +33,7 @@ RELIED_ON = {
     h11.Connection: ["their_state", "trailing_data", "send"],
     Server: ["__init__", "startup", "handle_exit", "main_loop", "on_tick", "serve", "started", "should_exit"],
     APIRoute: ["__init__", "get_route_handler", "app", "endpoint"],
+    StreamingResponse: ["__init__", "__call__", "stream_response", "body_iterator", "raw_headers", "status_code"],
 }
 
 
