@@ -455,9 +455,9 @@ def _load_engine(engine: str, model_path: Path, model_name: str, device: str, *,
 def _set_switch_interval() -> None:
     """The engine's worker thread and the event loop share the GIL. A thread that wants it waits
     until the holder reaches a switch point, by default up to 5 ms: the engine's Python between
-    two GPU verify steps then waits behind a whole burst of the loop's work (drafting ran 1.12-1.18x
-    slower in the daemon than direct on the H200; 0.98-1.01x at 50 us). LINGCODE_SWITCH_INTERVAL_MS
-    overrides it, for `lingcode bench daemon`."""
+    two GPU verify steps then waits behind a whole burst of the loop's work, which slowed drafting in
+    the daemon (docs/engine-notes.md has the measurement). LINGCODE_SWITCH_INTERVAL_MS overrides it,
+    for `lingcode bench daemon`."""
     sys.setswitchinterval(float(os.environ.get("LINGCODE_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS)) / 1e3)
 
 
