@@ -72,3 +72,15 @@ def test_links_to_docs_and_results_lead_somewhere():
 def test_results_named_in_the_code_exist():
     bad = missing_code_paths()
     assert not bad, "bench/results paths in the code that point nowhere:\n" + "\n".join(bad)
+
+
+def test_the_files_and_tests_security_md_names_exist():
+    """Each guarantee names where it is enforced and which tests prove it: both must be there."""
+    text = (ROOT / "SECURITY.md").read_text()
+    bad = []
+    for path, name in re.findall(r"`((?:server|lingcode|lsp|tui|tests)/[\w/.]+\.py)(?:::(\w+))?`", text):
+        if not (ROOT / path).exists():
+            bad.append(path)
+        elif name and not re.search(rf"^\s*(?:async )?(?:def|class) {name}\b", (ROOT / path).read_text(), re.M):
+            bad.append(f"{path}::{name}")
+    assert not bad, f"SECURITY.md names what is not there: {sorted(set(bad))}"
