@@ -2,6 +2,8 @@
 # Both build .venv on first use; it is reinstalled only when pyproject.toml changes (stamp files).
 #   make run ARGS="--port 0"        extra arguments for `lingcode serve`
 #   make test PYTEST_ARGS="-x -k cli"  extra arguments for pytest
+# make test checks formatting and lint ([tool.ruff] in pyproject.toml) before the suite:
+# `.venv/bin/ruff format .` lays the code out as it wants.
 
 PYTHON ?= python3
 VENV := .venv
@@ -36,6 +38,8 @@ test: $(VENV)/.installed-test $(VENV)/.sglang-parser tmux-if-missing
 	$(BIN)/lingcode pull
 	$(BIN)/lingcode pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/python -c 'from lingcode.engine.local import cpu_native; cpu_native.main()'
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 $(VENV)/.torch:

@@ -32,12 +32,18 @@ async def one_round(client: httpx.AsyncClient, r: int, functions: int) -> dict:
     start = r * 7 % len(fns)
     text = "\n\n".join(source for _, source in fns[start : start + functions])
     messages = [{"role": "user", "content": f"Review these functions:\n```python\n{text}\n```"}]
-    answer = (await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 16, "temperature": 0})).json()
+    answer = (
+        await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 16, "temperature": 0})
+    ).json()
     messages += [answer["choices"][0]["message"], {"role": "user", "content": "Which one is the longest?"}]
     code = fns[(r * 13 + 5) % len(fns)][1]
     started = time.perf_counter()
-    completion = (await client.post("/v1/lingcode/complete", json={
-        "prefix": code[: len(code) // 2], "path": "x.py", "max_tokens": 16, "time_budget_ms": None})).json()  # fmt: skip
+    completion = (
+        await client.post(
+            "/v1/lingcode/complete",
+            json={"prefix": code[: len(code) // 2], "path": "x.py", "max_tokens": 16, "time_budget_ms": None},
+        )
+    ).json()
     completion_ms = (time.perf_counter() - started) * 1e3
     after_completion = (await client.get("/v1/lingcode/stats")).json()["engine"]
     started, first = time.perf_counter(), None
@@ -47,11 +53,17 @@ async def one_round(client: httpx.AsyncClient, r: int, functions: int) -> dict:
             if first is None and line.startswith("data: {") and '"content":"' in line:
                 first = (time.perf_counter() - started) * 1e3
     after_turn = (await client.get("/v1/lingcode/stats")).json()["engine"]
-    return {"round": r, "conversation_tokens": answer["usage"]["prompt_tokens"], "completion_ms": completion_ms,
-            "completion_ttft_ms": completion["timings"]["ttft_ms"],
-            "completion_first_chunk_ms": after_completion["last_request"]["first_chunk_ms"],
-            "turn_ttft_ms": first, "turn_first_chunk_ms": after_turn["last_request"]["first_chunk_ms"],
-            "turn_cached_tokens": after_turn["last_request"]["cached_tokens"], "kv_store": after_turn["kv_store"]}  # fmt: skip
+    return {
+        "round": r,
+        "conversation_tokens": answer["usage"]["prompt_tokens"],
+        "completion_ms": completion_ms,
+        "completion_ttft_ms": completion["timings"]["ttft_ms"],
+        "completion_first_chunk_ms": after_completion["last_request"]["first_chunk_ms"],
+        "turn_ttft_ms": first,
+        "turn_first_chunk_ms": after_turn["last_request"]["first_chunk_ms"],
+        "turn_cached_tokens": after_turn["last_request"]["cached_tokens"],
+        "kv_store": after_turn["kv_store"],
+    }
 
 
 async def run(args) -> list[dict]:
@@ -82,8 +94,17 @@ def main() -> None:
     medians = {k: round(statistics.median(r[k] for r in rows), 2) for k in MEASURES}
     print(json.dumps(medians))
     if args.out is not None:
-        args.out.write_text(json.dumps({"commit": source_commit(), "args": vars(args) | {"out": str(args.out)},
-                                        "medians": medians, "rounds": rows}, indent=1))  # fmt: skip
+        args.out.write_text(
+            json.dumps(
+                {
+                    "commit": source_commit(),
+                    "args": vars(args) | {"out": str(args.out)},
+                    "medians": medians,
+                    "rounds": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -79,9 +79,22 @@ SHAPES = {
                                  context_length=8192, rope_theta=100000.0), formats_smollm2),
 }  # fmt: skip
 if SMOKE:  # shapes the interpreter runs in seconds, the same formats (K-quant rows: whole 256-blocks)
-    SHAPES = {name: (dataclasses.replace(cfg, n_layers=2, dim=256, ffn_dim=768, n_heads=cfg.n_heads // cfg.n_kv_heads,
-                                         n_kv_heads=1, head_dim=cfg.head_dim, vocab_size=512), formats)
-              for name, (cfg, formats) in SHAPES.items()}  # fmt: skip
+    SHAPES = {
+        name: (
+            dataclasses.replace(
+                cfg,
+                n_layers=2,
+                dim=256,
+                ffn_dim=768,
+                n_heads=cfg.n_heads // cfg.n_kv_heads,
+                n_kv_heads=1,
+                head_dim=cfg.head_dim,
+                vocab_size=512,
+            ),
+            formats,
+        )
+        for name, (cfg, formats) in SHAPES.items()
+    }
 
 
 def log(*parts) -> None:
@@ -99,8 +112,15 @@ def build(cfg: ModelConfig, formats, seed: int = 0):
     their dequantized values (what model.py's path reads), so both steps run the same weights."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    shapes = {"wq": (q, cfg.dim), "wk": (kv, cfg.dim), "wv": (kv, cfg.dim), "wo": (cfg.dim, q),
-              "w_gate": (cfg.ffn_dim, cfg.dim), "w_up": (cfg.ffn_dim, cfg.dim), "w_down": (cfg.dim, cfg.ffn_dim)}  # fmt: skip
+    shapes = {
+        "wq": (q, cfg.dim),
+        "wk": (kv, cfg.dim),
+        "wv": (kv, cfg.dim),
+        "wo": (cfg.dim, q),
+        "w_gate": (cfg.ffn_dim, cfg.dim),
+        "w_up": (cfg.ffn_dim, cfg.dim),
+        "w_down": (cfg.dim, cfg.ffn_dim),
+    }
     packed, weights = {}, {}
 
     def make(key, layer, name, rows, cols):
@@ -119,7 +139,11 @@ def build(cfg: ModelConfig, formats, seed: int = 0):
             packed[p + name] = make(p + name, i, name, rows, cols)
         weights[p + "attn_norm"], weights[p + "ffn_norm"] = vector(cfg.dim, 1.0, 0.1), vector(cfg.dim, 1.0, 0.1)
         if cfg.architecture.qkv_bias:  # Qwen2's biases are large: they matter
-            weights[p + "bq"], weights[p + "bk"], weights[p + "bv"] = vector(q, 0, 0.5), vector(kv, 0, 0.5), vector(kv, 0, 0.5)
+            weights[p + "bq"], weights[p + "bk"], weights[p + "bv"] = (
+                vector(q, 0, 0.5),
+                vector(kv, 0, 0.5),
+                vector(kv, 0, 0.5),
+            )
     model = Transformer.from_weights(cfg, weights, DTYPE, DEVICE)
     return model, packed
 
@@ -144,8 +168,9 @@ def runner(model, kernels, weights=None, blocks=None, widths=(1, 4), buckets=(51
     options = {k: v for k, v in (("weights", weights), ("blocks", blocks)) if v is not None}
     if SMOKE:
         return EagerRunner(model, kernels, options, widths, buckets)
-    return GraphRunner(model, widths=widths, buckets=buckets, kernels=kernels,
-                       triton_options=options if kernels == "triton" else None)  # fmt: skip
+    return GraphRunner(
+        model, widths=widths, buckets=buckets, kernels=kernels, triton_options=options if kernels == "triton" else None
+    )
 
 
 def ms_per_step(r, width: int, end: int) -> float:
@@ -172,8 +197,9 @@ def check_formats() -> None:
     for name, fmt in sorted(gpu_blocks.BY_NAME.items()):
         cols = 768 if name.endswith("_K") else 352
         gen = torch.Generator(device=DEVICE).manual_seed(0)
-        m = gpu_blocks.repack(gpu_blocks.random_blocks(fmt.ggml_type, rows, cols, cols**-0.5, gen), rows, cols,
-                              fmt.ggml_type)  # fmt: skip
+        m = gpu_blocks.repack(
+            gpu_blocks.random_blocks(fmt.ggml_type, rows, cols, cols**-0.5, gen), rows, cols, fmt.ggml_type
+        )
         a = torch.randn(width, cols, generator=gen, device=DEVICE)
         x = torch.randn(width, rows, generator=gen, device=DEVICE)
         out = x.clone()
@@ -223,12 +249,14 @@ def check_lossless(name: str) -> None:
         ref = torch.stack([feed(torch_step, [plain[k]], prompt_len + k)[0] for k in range(steps)])
         ours = torch.stack(logits)
     result = {
-        "rows_checked": checked, "rows_not_bit_exact": len(mismatched), "first_mismatches": mismatched[:5],
+        "rows_checked": checked,
+        "rows_not_bit_exact": len(mismatched),
+        "first_mismatches": mismatched[:5],
         "captured_greedy_same_tokens": greedy_same,
         "vs_torch_dense_max_logit_diff": (ours - ref).abs().max().item(),
         "vs_torch_dense_max_logit": ref.abs().max().item(),
         "vs_torch_dense_argmax_agreement": (ours.argmax(-1) == ref.argmax(-1)).float().mean().item(),
-    }  # fmt: skip
+    }
     RESULTS.setdefault("lossless", {})[name] = result
     log(f"lossless {name}:", result)
 
@@ -253,15 +281,22 @@ def speed(name: str, kernel_sets=("triton-blocks", "triton-dense", "torch-dense"
     model.setup_cache(256 if SMOKE else 2048, transposed_keys=False)
     cases = ((1, 40), (4, 40)) if SMOKE else CASES
     with torch.inference_mode():
-        context = torch.randint(0, cfg.vocab_size, (1, max(end for _, end in cases)), generator=torch.Generator().manual_seed(3))
+        context = torch.randint(
+            0, cfg.vocab_size, (1, max(end for _, end in cases)), generator=torch.Generator().manual_seed(3)
+        )
         for s in range(0, context.shape[1], 512):  # a real context for the attention to read
             model(context[:, s : s + 512].to(DEVICE), s)
     if not SMOKE:
         torch.cuda.synchronize()
-    weight_bytes = {"triton-blocks": sum(m.nbytes for m in packed.values()), "triton-dense": matrix_bytes(model),
-                    "torch-dense": matrix_bytes(model)}  # fmt: skip
-    log(f"{name}: built in {time.perf_counter() - started:.1f}s; weights {weight_bytes['triton-blocks'] / 1e6:.0f} MB "
-        f"as blocks, {weight_bytes['torch-dense'] / 1e6:.0f} MB dense bf16")  # fmt: skip
+    weight_bytes = {
+        "triton-blocks": sum(m.nbytes for m in packed.values()),
+        "triton-dense": matrix_bytes(model),
+        "torch-dense": matrix_bytes(model),
+    }
+    log(
+        f"{name}: built in {time.perf_counter() - started:.1f}s; weights {weight_bytes['triton-blocks'] / 1e6:.0f} MB "
+        f"as blocks, {weight_bytes['torch-dense'] / 1e6:.0f} MB dense bf16"
+    )
     runners = {}
     for kernels in kernel_sets:
         started = time.perf_counter()
@@ -275,7 +310,9 @@ def speed(name: str, kernel_sets=("triton-blocks", "triton-dense", "torch-dense"
                 logits[kernels, width, end] = feed(r, ids[end - width : end], end - width)
                 ms = ms_per_step(r, width, end)
                 gbs = weight_bytes[kernels] / (ms * 1e-3) / 1e9
-                rows.append(dict(kernels=kernels, width=width, context=end, ms=round(ms, 4), weights_gb_s=round(gbs, 1)))
+                rows.append(
+                    dict(kernels=kernels, width=width, context=end, ms=round(ms, 4), weights_gb_s=round(gbs, 1))
+                )
                 log(f"  {kernels:14s} width {width} context {end:5d}: {ms:.4f} ms, {gbs:.0f} GB/s of weights")
     agreement = {}
     for width, end in cases:
@@ -284,8 +321,10 @@ def speed(name: str, kernel_sets=("triton-blocks", "triton-dense", "torch-dense"
             if kernels != "torch-dense":
                 got = logits[kernels, width, end]
                 agreement[f"{kernels} w{width} c{end}"] = dict(
-                    max_diff=round((got - ref).abs().max().item(), 4), max_logit=round(ref.abs().max().item(), 2),
-                    argmax_same=bool((got.argmax(-1) == ref.argmax(-1)).all()))  # fmt: skip
+                    max_diff=round((got - ref).abs().max().item(), 4),
+                    max_logit=round(ref.abs().max().item(), 2),
+                    argmax_same=bool((got.argmax(-1) == ref.argmax(-1)).all()),
+                )
     RESULTS.setdefault("speed", {})[name] = dict(rows=rows, weight_bytes=weight_bytes, vs_torch=agreement)
     log(f"  vs torch-dense: {agreement}")
     save()
@@ -324,10 +363,28 @@ def block_variants(name: str, model, packed) -> None:
     """Other block tables for the Triton step on blocks, one matrix changed at a time: width 1,
     context 300, while time is left."""
     cfg = model.cfg
-    base = {m: block_for(m, k, True) for m, k in (("qkv", cfg.dim), ("wo", cfg.n_heads * cfg.head_dim),
-                                                  ("gate_up", cfg.dim), ("down", cfg.ffn_dim), ("lm_head", cfg.dim))}  # fmt: skip
-    variants = [("down", (2, 8)), ("down", (1, 4)), ("gate_up", (2, 4)), ("gate_up", (8, 16)), ("lm_head", (16, 16)),
-                ("lm_head", (4, 4)), ("qkv", (2, 4)), ("wo", (2, 2)), ("wo", (8, 8)), ("down", (1, 16))]  # fmt: skip
+    base = {
+        m: block_for(m, k, True)
+        for m, k in (
+            ("qkv", cfg.dim),
+            ("wo", cfg.n_heads * cfg.head_dim),
+            ("gate_up", cfg.dim),
+            ("down", cfg.ffn_dim),
+            ("lm_head", cfg.dim),
+        )
+    }
+    variants = [
+        ("down", (2, 8)),
+        ("down", (1, 4)),
+        ("gate_up", (2, 4)),
+        ("gate_up", (8, 16)),
+        ("lm_head", (16, 16)),
+        ("lm_head", (4, 4)),
+        ("qkv", (2, 4)),
+        ("wo", (2, 2)),
+        ("wo", (8, 8)),
+        ("down", (1, 16)),
+    ]
     rows, r = [], None
     ids, end = list(range(100, 400)), min(300, model.max_len)
     for matrix, block in [(None, None)] + ([] if SMOKE else variants):
@@ -342,7 +399,9 @@ def block_variants(name: str, model, packed) -> None:
                 feed(r, ids[-1:], end - 1)
                 ms = ms_per_step(r, 1, end)
             rows.append(dict(changed=matrix, block=block, ms=round(ms, 4)))
-            log(f"  blocks {matrix or 'default'} {block or table}: {ms:.4f} ms (capture {time.perf_counter() - started:.1f}s)")
+            log(
+                f"  blocks {matrix or 'default'} {block or table}: {ms:.4f} ms (capture {time.perf_counter() - started:.1f}s)"
+            )
         except Exception as e:  # a table that does not compile or fit: note it, go on
             rows.append(dict(changed=matrix, block=block, error=repr(e)[:300]))
             log(f"  blocks {matrix} {block}: {e!r}"[:400])

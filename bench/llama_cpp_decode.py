@@ -27,7 +27,9 @@ def main() -> None:
     args = parser.parse_args()
     llm = Llama(args.model, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=2048, verbose=False)
     for question in args.ask:
-        reply = llm.create_chat_completion(messages=[{"role": "user", "content": question}], temperature=0, max_tokens=30)
+        reply = llm.create_chat_completion(
+            messages=[{"role": "user", "content": question}], temperature=0, max_tokens=30
+        )
         print(f"{question!r} -> {reply['choices'][0]['message']['content']!r}")
     llm.reset()
     prompt = llm.tokenize(b"def fibonacci(n):\n    " * 10)
@@ -43,9 +45,13 @@ def main() -> None:
 
     print(f"Llama.eval, one token: {median_ms(lambda t: llm.eval([t])):.3f} ms")
     ctx = llm._ctx.ctx
-    print(f"llama_decode, one token: "
-          f"{median_ms(lambda t: llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 1)(t), 1))):.3f} ms")
-    print(f"llama-cpp-python {llama_cpp.__version__}, {args.threads} threads; {llama_cpp.llama_print_system_info().decode().strip()}")
+    print(
+        f"llama_decode, one token: "
+        f"{median_ms(lambda t: llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 1)(t), 1))):.3f} ms"
+    )
+    print(
+        f"llama-cpp-python {llama_cpp.__version__}, {args.threads} threads; {llama_cpp.llama_print_system_info().decode().strip()}"
+    )
 
 
 if __name__ == "__main__":

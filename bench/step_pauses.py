@@ -49,7 +49,9 @@ def main() -> None:
                     bursts.append((time.perf_counter() - started) * 1e3 / args.burst)
                 p90 = sorted(bursts)[int(0.9 * (len(bursts) - 1))]
                 per_step = (sleeps() - slept) / (args.rounds * args.burst)
-                print(f"| {pause * 1e3:g} | {statistics.median(bursts):.2f} / {p90:.2f} | {statistics.median(firsts):.2f} | {per_step:.0f} |")
+                print(
+                    f"| {pause * 1e3:g} | {statistics.median(bursts):.2f} / {p90:.2f} | {statistics.median(firsts):.2f} | {per_step:.0f} |"
+                )
     finally:
         if busy is not None:
             busy.kill()

@@ -39,10 +39,12 @@ with torch.inference_mode():
                 q = triton_step.TritonStep(model).norm_qkv_rope(layer, x, pos)  # inputs, from the default blocks
                 attn, h = step.attention(layer, q, pos, 2048), triton_step.TritonStep(model).norm_gate_up(layer, x)
                 run = dict(
-                    qkv=lambda: step.norm_qkv_rope(layer, x, pos), wo=lambda: step.out_proj_residual(layer, attn, x),
-                    gate_up=lambda: step.norm_gate_up(layer, x), down=lambda: step.down_residual(layer, h, x),
+                    qkv=lambda: step.norm_qkv_rope(layer, x, pos),
+                    wo=lambda: step.out_proj_residual(layer, attn, x),
+                    gate_up=lambda: step.norm_gate_up(layer, x),
+                    down=lambda: step.down_residual(layer, h, x),
                     lm_head=lambda: step.norm_lm_head(x),
-                )[matrix]  # fmt: skip
+                )[matrix]
                 try:
                     results.append((per_launch_us(run, 5 if matrix == "lm_head" else 30), block_n, warps))
                 except Exception as exc:  # e.g. out of shared memory

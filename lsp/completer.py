@@ -193,11 +193,17 @@ class Completer:
         end = start + sum(len(line) for line in lines[first : cursor.line + s.suffix_lines + 1])
         near = cursor.text[max(start, cursor.offset - 4000) : cursor.offset + 2000]
         return {
-            "prefix": cursor.text[start : cursor.offset], "suffix": cursor.text[cursor.offset : end],
-            "path": cursor.path, "language": cursor.language, "repo": cursor.repo, "document": cursor.uri,
+            "prefix": cursor.text[start : cursor.offset],
+            "suffix": cursor.text[cursor.offset : end],
+            "path": cursor.path,
+            "language": cursor.language,
+            "repo": cursor.repo,
+            "document": cursor.uri,
             "context": self.ring.pick(cursor.uri, near) if s.context else [],
-            "max_tokens": s.max_tokens, "time_budget_ms": s.time_budget_ms, "multiline": s.multiline,
-        }  # fmt: skip
+            "max_tokens": s.max_tokens,
+            "time_budget_ms": s.time_budget_ms,
+            "multiline": s.multiline,
+        }
 
     async def close(self) -> None:
         for call in self._inflight.values():
@@ -360,21 +366,32 @@ class CompletionStats:
         self._engine_ms.append(ms)
         timings = final.get("timings") or {}
         self.last = {
-            "prompt_tokens": prompt, "cached_tokens": cached, "prefilled_tokens": prompt - cached,
-            "completion_tokens": usage.get("completion_tokens", 0), "ttft_ms": timings.get("ttft_ms"),
-            "daemon_ms": timings.get("total_ms"), "total_ms": round(ms, 3), "finish_reason": final.get("finish_reason"),
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "prefilled_tokens": prompt - cached,
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "ttft_ms": timings.get("ttft_ms"),
+            "daemon_ms": timings.get("total_ms"),
+            "total_ms": round(ms, 3),
+            "finish_reason": final.get("finish_reason"),
             "cut": final.get("cut"),
-        }  # fmt: skip
+        }
 
     def snapshot(self) -> dict:
         engine, cache = list(self._engine_ms), list(self._cache_ms)
         return {
-            "requests": self.requests, "cache_hits": self.cache_hits, "engine_calls": self.engine_calls,
-            "empty": self.empty, "cancelled": self.cancelled, "superseded": self.superseded, "shared": self.shared,
+            "requests": self.requests,
+            "cache_hits": self.cache_hits,
+            "engine_calls": self.engine_calls,
+            "empty": self.empty,
+            "cancelled": self.cancelled,
+            "superseded": self.superseded,
+            "shared": self.shared,
             "errors": self.errors,
-            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "prefilled_tokens": self.prompt_tokens - self.cached_tokens,
             "engine_ms": {"p50": percentile(engine, 0.5), "p95": percentile(engine, 0.95), "n": len(engine)},
             "cache_ms": {"p50": percentile(cache, 0.5), "p95": percentile(cache, 0.95), "n": len(cache)},
             "last": dict(self.last),
-        }  # fmt: skip
+        }

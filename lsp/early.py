@@ -58,8 +58,13 @@ def answer_initialize(stdin: BinaryIO, stdout: BinaryIO) -> First:
         message = json.loads(body)
     except ValueError:
         return First(raw, body)
-    if not (isinstance(message, dict) and message.get("jsonrpc") == "2.0" and message.get("method") == "initialize"
-            and isinstance(message.get("id"), (int, str)) and isinstance(message.get("params"), dict)):  # fmt: skip
+    if not (
+        isinstance(message, dict)
+        and message.get("jsonrpc") == "2.0"
+        and message.get("method") == "initialize"
+        and isinstance(message.get("id"), (int, str))
+        and isinstance(message.get("params"), dict)
+    ):
         return First(raw, body)
     send(stdout, {"jsonrpc": "2.0", "id": message["id"], "result": initialize_result(message["params"])})
     return First(raw, body, message["id"])

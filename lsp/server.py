@@ -60,7 +60,9 @@ class LingcodeServer(LanguageServer):
         self.current_uri: str | None = None
         self.may_notify = False  # LSP: no notification to the client before `initialize`
 
-    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None, first: First | None = None) -> None:
+    def start_io(
+        self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None, first: First | None = None
+    ) -> None:
         """pygls' stdio server (as LanguageServer.start_io runs it), reading through wire.py.
 
         first: what early.answer_initialize read (and perhaps answered) before pygls was imported."""
@@ -118,8 +120,15 @@ class LingcodeServer(LanguageServer):
             start, end = doc.offset_at_position(selected.range.start), doc.offset_at_position(selected.range.end)
             text, offset = text[:start] + selected.text + text[end:], start + len(selected.text)
         root = self.workspace.root_path
-        return Cursor(uri, text, offset, line, self.relative_path(doc.path or uri), doc.language_id,
-                      Path(root).name if root else None)  # fmt: skip
+        return Cursor(
+            uri,
+            text,
+            offset,
+            line,
+            self.relative_path(doc.path or uri),
+            doc.language_id,
+            Path(root).name if root else None,
+        )
 
     async def document(self, uri: str) -> TextDocument:
         """The open document, or an unopened one read from disk: a regular file of at most
@@ -255,11 +264,15 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
         label = (word + text).split("\n", 1)[0].strip() or text.strip().split("\n", 1)[0]
         shown = types.MarkupContent(types.MarkupKind.Markdown, f"```{cursor.language or ''}\n{word}{text}\n```")
         item = types.CompletionItem(
-            label=label, kind=types.CompletionItemKind.Text, detail="lingcode", sort_text="0", filter_text=label,
+            label=label,
+            kind=types.CompletionItemKind.Text,
+            detail="lingcode",
+            sort_text="0",
+            filter_text=label,
             documentation=shown,
             insert_text_format=types.InsertTextFormat.PlainText,
             text_edit=types.TextEdit(types.Range(start, params.position), word + text),
-        )  # fmt: skip
+        )
         return types.CompletionList(is_incomplete=True, items=[item])
 
     @server.feature(STATS)
@@ -267,10 +280,11 @@ def build_server(serve_args: list[str] = (), auto_start: bool = True) -> Lingcod
         daemon = ls.link.daemon
         return {
             **ls.completer.stats.snapshot(),
-            "cache_entries": len(ls.completer.cache), "context_chunks": len(ls.completer.ring.chunks),
+            "cache_entries": len(ls.completer.cache),
+            "context_chunks": len(ls.completer.ring.chunks),
             "documents": [{"uri": uri, "version": doc.version} for uri, doc in ls.workspace.text_documents.items()],
             "daemon": None if daemon is None else {"url": daemon.url, "pid": daemon.pid, "model": daemon.model},
-        }  # fmt: skip
+        }
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: LingcodeServer, params: None) -> None:

@@ -114,12 +114,20 @@ class AccessGuard:
             return APIError(400, f"the request has {len(hosts)} Host headers; send one", code="invalid_http_request")
         host = hosts[0] if hosts else None
         if not self.host_allowed(host):
-            return APIError(403, f"Host {host!r} is not served here: use localhost or 127.0.0.1, or start the "
-                                 "daemon with --allow-host for this name", code="host_not_allowed")  # fmt: skip
+            return APIError(
+                403,
+                f"Host {host!r} is not served here: use localhost or 127.0.0.1, or start the "
+                "daemon with --allow-host for this name",
+                code="host_not_allowed",
+            )
         origin = headers.get("origin")
         if origin is not None and normalize_origin(origin) not in self.allowed_origins:
-            return APIError(403, f"requests from web pages (Origin {origin!r}) are refused; start the daemon "
-                                 "with --allow-origin for a page you trust", code="origin_not_allowed")  # fmt: skip
+            return APIError(
+                403,
+                f"requests from web pages (Origin {origin!r}) are refused; start the daemon "
+                "with --allow-origin for a page you trust",
+                code="origin_not_allowed",
+            )
         return None
 
 
@@ -163,6 +171,8 @@ class TokenAuth:
             await self.app(scope, receive, send)
             return
         problem = "invalid token" if tokens else "missing token"
-        message = (f"{problem}: send `Authorization: Bearer <token>` or `x-api-key: <token>`, with the "
-                   "token from the file that `lingcode serve` printed")  # fmt: skip
+        message = (
+            f"{problem}: send `Authorization: Bearer <token>` or `x-api-key: <token>`, with the "
+            "token from the file that `lingcode serve` printed"
+        )
         await APIError(401, message, code="invalid_api_key").response(scope["path"])(scope, receive, send)

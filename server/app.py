@@ -50,10 +50,19 @@ from lingcode.text.chat_template import compile_template
 
 
 def create_app(
-    scheduler: Scheduler, info: ModelInfo, token: str, *, model_id: str, max_body_bytes: int = MAX_BODY_BYTES,
-    session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
-    session_bytes: int = DEFAULT_MAX_BYTES, keep_alive_s: float = KEEP_ALIVE_S,
-    allowed_hosts: tuple[str, ...] = (), allowed_origins: tuple[str, ...] = (), unix_socket: str | None = None,
+    scheduler: Scheduler,
+    info: ModelInfo,
+    token: str,
+    *,
+    model_id: str,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    session_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_bytes: int = DEFAULT_MAX_BYTES,
+    keep_alive_s: float = KEEP_ALIVE_S,
+    allowed_hosts: tuple[str, ...] = (),
+    allowed_origins: tuple[str, ...] = (),
+    unix_socket: str | None = None,
 ) -> FastAPI:
     """keep_alive_s: how far apart a stream's comments are until its first token (server/streaming.py);
     allowed_hosts / allowed_origins: Host names and browser origins served besides loopback ones
@@ -61,15 +70,26 @@ def create_app(
     # No /docs: /openapi.json (behind the token) is for tools; every other path that is not a route is a 404.
     # No OpenTelemetry: the daemon has its own metrics, and FastAPI would otherwise ask for OTel's
     # providers on every request.
-    app = FastAPI(title="lingcode", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json",
-                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app = FastAPI(
+        title="lingcode",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     app.openapi = functools.partial(openapi.document, app, OPEN_PATHS)
     errors.install(app)
     app.add_middleware(DirectRoutes, routes=app.router.routes)
     app.add_middleware(TokenAuth, token=token, unix_socket=unix_socket)
     if allowed_origins:  # preflights are answered here, before the token (browsers send none with them)
-        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["x-request-id", "retry-after"])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "retry-after"],
+        )
     app.add_middleware(AccessGuard, allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
     app.add_middleware(RequestObserver, routes=app.router.routes)
     ready_first_requests(info)
@@ -79,9 +99,14 @@ def create_app(
     editor = EditorServing(*served, **kept)
     # The APIs first: a request is matched against the routes in order, by the router and for its
     # metrics label, and the editor's keystrokes and agents' turns are the requests that wait.
-    for serving in (editor, ChatServing(*served, **kept), MessagesServing(*served, **kept),
-                    ResponsesServing(*served, **kept), CompletionsServing(*served, **kept),
-                    SessionsServing(*served, store=sessions, **kept)):  # fmt: skip
+    for serving in (
+        editor,
+        ChatServing(*served, **kept),
+        MessagesServing(*served, **kept),
+        ResponsesServing(*served, **kept),
+        CompletionsServing(*served, **kept),
+        SessionsServing(*served, store=sessions, **kept),
+    ):
         serving.install(app)
 
     @app.api_route("/", methods=["GET", "HEAD"])
@@ -92,8 +117,13 @@ def create_app(
     async def health() -> dict:
         return {"status": "ok", "model": model_id}
 
-    model = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "lingcode",
-             "context_length": info.context_length}  # fmt: skip
+    model = {
+        "id": model_id,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "lingcode",
+        "context_length": info.context_length,
+    }
 
     @app.get("/v1/models")
     async def list_models() -> dict:
@@ -102,14 +132,22 @@ def create_app(
     @app.get("/v1/models/{name:path}")
     async def get_model(name: str) -> dict:
         if name != model_id:
-            raise errors.APIError(404, f"model {name!r} is not served here; this daemon serves {model_id!r}",
-                                  param="model", code="model_not_found")  # fmt: skip
+            raise errors.APIError(
+                404,
+                f"model {name!r} is not served here; this daemon serves {model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
         return model
 
     @app.get("/v1/lingcode/stats")
     async def stats() -> dict:
-        return {"engine": scheduler.engine.stats(), "scheduler": scheduler.stats(), "completions": editor.stats(),
-                "sessions": sessions.stats()}
+        return {
+            "engine": scheduler.engine.stats(),
+            "scheduler": scheduler.stats(),
+            "completions": editor.stats(),
+            "sessions": sessions.stats(),
+        }
 
     add_metrics_route(app, scheduler)
     return app

@@ -131,8 +131,12 @@ def _trusted_token(path: Path) -> str | None:
 
 
 def _untrusted(path: Path, why: str) -> str:
-    print(f"lingcode serve: WARNING: the token file {path} is not this user's own file ({why}); it is "
-          "replaced by a new token", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"lingcode serve: WARNING: the token file {path} is not this user's own file ({why}); it is "
+        "replaced by a new token",
+        file=sys.stderr,
+        flush=True,
+    )
     return ""
 
 
@@ -278,11 +282,14 @@ def _holding_home_lock(run):
         lock = lock_home(lock_file)
         if lock is None:
             if (other := running_daemon(daemon_file)) is not None:
-                return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']} for this LINGCODE_HOME; "
-                             "stop it first")  # fmt: skip
+                return _fail(
+                    f"a daemon (pid {other['pid']}) already serves {other['url']} for this LINGCODE_HOME; stop it first"
+                )
             holder = lock_file.read_text().strip() or "?"
-            return _fail(f"another lingcode daemon (pid {holder}) is starting or running for this LINGCODE_HOME "
-                         f"(it holds {lock_file}); use that one, or stop it first")  # fmt: skip
+            return _fail(
+                f"another lingcode daemon (pid {holder}) is starting or running for this LINGCODE_HOME "
+                f"(it holds {lock_file}); use that one, or stop it first"
+            )
         with lock:
             return run(**options)
 
@@ -333,12 +340,17 @@ def serve(
     if engine not in ("local", "sglang"):
         return _fail(f"engine {engine!r} is not available; choose 'local' or 'sglang'", EXIT_USAGE)
     if not is_loopback(host) and not allow_remote:
-        return _fail(f"--host {host} is not a loopback address: anyone who can reach this machine could try "
-                     "the token. Pass --allow-remote as well if that is what you want", EXIT_USAGE)  # fmt: skip
+        return _fail(
+            f"--host {host} is not a loopback address: anyone who can reach this machine could try "
+            "the token. Pass --allow-remote as well if that is what you want",
+            EXIT_USAGE,
+        )
     daemon_file = paths.daemon_file()
     if (other := running_daemon(daemon_file)) is not None:
-        return _fail(f"a daemon (pid {other['pid']}) already serves {other['url']}; stop it first "
-                     f"(or remove {daemon_file} if that is wrong)")  # fmt: skip
+        return _fail(
+            f"a daemon (pid {other['pid']}) already serves {other['url']}; stop it first "
+            f"(or remove {daemon_file} if that is wrong)"
+        )
     # 2. the token file, then the sockets: a busy port fails before the model loads
     token_file = paths.token_file()
     token = ensure_token(token_file)
@@ -351,8 +363,17 @@ def serve(
     # 3. the engine
     started = time.perf_counter()
     try:
-        local_engine = _load_engine(engine, model_path, model_name, device, engine_url=engine_url, profile=profile,
-                                    kernels=kernels, compile=compile, speculation=speculation)  # fmt: skip
+        local_engine = _load_engine(
+            engine,
+            model_path,
+            model_name,
+            device,
+            engine_url=engine_url,
+            profile=profile,
+            kernels=kernels,
+            compile=compile,
+            speculation=speculation,
+        )
     except KeyboardInterrupt:
         _close(sockets, unix_socket)
         return 130
@@ -365,9 +386,13 @@ def serve(
     info = local_engine.info
     model_name = model_name or info.name
     model_path = model_path or info.extra.get("model_path")
-    where = " ".join(str(info.extra[k]) for k in ("device", "dtype") if k in info.extra) or info.extra.get("url", device)
-    _say(f"loaded {model_name} in {time.perf_counter() - started:.1f} s ({where}, "
-         f"{info.context_length} tokens of context)")  # fmt: skip
+    where = " ".join(str(info.extra[k]) for k in ("device", "dtype") if k in info.extra) or info.extra.get(
+        "url", device
+    )
+    _say(
+        f"loaded {model_name} in {time.perf_counter() - started:.1f} s ({where}, "
+        f"{info.context_length} tokens of context)"
+    )
     # 4. the app over the engine
     from lingcode.pipeline.scheduler import Scheduler
     from lingcode.server import logs
@@ -376,17 +401,31 @@ def serve(
     log_config = logs.configure(log_level, log_format)
     _set_switch_interval()
     scheduler = Scheduler(local_engine, max_queue=max_queue)
-    app = create_app(scheduler, info, token, model_id=model_name, session_idle_s=session_idle_s,
-                     max_sessions=max_sessions, session_bytes=session_memory_mb * 2**20, keep_alive_s=keep_alive_s,
-                     allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
-                     unix_socket=str(unix_socket) if unix_socket else None)  # fmt: skip
+    app = create_app(
+        scheduler,
+        info,
+        token,
+        model_id=model_name,
+        session_idle_s=session_idle_s,
+        max_sessions=max_sessions,
+        session_bytes=session_memory_mb * 2**20,
+        keep_alive_s=keep_alive_s,
+        allowed_hosts=tuple(allowed_hosts),
+        allowed_origins=tuple(allowed_origins),
+        unix_socket=str(unix_socket) if unix_socket else None,
+    )
     # 5. uvicorn on the sockets; daemon.json once it accepts connections, removed when it stops
     url = socket_url(sockets[0])
     record = {
-        "url": url, "pid": os.getpid(), "engine": engine, "model": model_name, "model_path": str(model_path),
-        "token_file": str(token_file), "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "url": url,
+        "pid": os.getpid(),
+        "engine": engine,
+        "model": model_name,
+        "model_path": str(model_path),
+        "token_file": str(token_file),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "version": __version__,
-    }  # fmt: skip
+    }
     if unix_socket is not None:
         record["socket"] = str(unix_socket)
 
@@ -407,9 +446,13 @@ def _warn_remote(host: str, allowed_hosts: tuple[str, ...]) -> tuple[str, ...]:
     """Warn that a host that is not loopback (--allow-remote) is served; the Host names served then."""
     wildcard = host in ("0.0.0.0", "::", "")
     served = ", ".join(["localhost", "127.0.0.1", "::1", *([] if wildcard else [host]), *allowed_hosts])
-    print(f"lingcode serve: WARNING: listening on {host}, not loopback (--allow-remote): anyone who can "
-          f"reach this machine and has the token can use the model. Host names served: {served} "
-          "(add more with --allow-host)", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"lingcode serve: WARNING: listening on {host}, not loopback (--allow-remote): anyone who can "
+        f"reach this machine and has the token can use the model. Host names served: {served} "
+        "(add more with --allow-host)",
+        file=sys.stderr,
+        flush=True,
+    )
     if not wildcard:
         allowed_hosts = (*allowed_hosts, host)
     return allowed_hosts
@@ -433,8 +476,18 @@ def _bind(host: str, port: int, unix_socket: Path | None) -> tuple[list[socket.s
     return ([sock] if unix_sock is None else [sock, unix_sock]), unix_socket
 
 
-def _load_engine(engine: str, model_path: Path, model_name: str, device: str, *, engine_url: str | None,
-                 profile: str | None, kernels: str, compile: bool, speculation: str):  # fmt: skip
+def _load_engine(
+    engine: str,
+    model_path: Path,
+    model_name: str,
+    device: str,
+    *,
+    engine_url: str | None,
+    profile: str | None,
+    kernels: str,
+    compile: bool,
+    speculation: str,
+):
     """The engine: SGLang's adapter, or the local engine in this process or in one of its own."""
     if engine == "sglang":
         from lingcode.engine.sglang.engine import open_engine
@@ -445,8 +498,9 @@ def _load_engine(engine: str, model_path: Path, model_name: str, device: str, *,
     if _engine_in_own_process(device):
         from lingcode.engine.local.process import EngineProcess
 
-        return EngineProcess.start(Path(model_path), device=device, kernels=kernels, compile=compile,
-                                   speculation=speculation)  # fmt: skip
+        return EngineProcess.start(
+            Path(model_path), device=device, kernels=kernels, compile=compile, speculation=speculation
+        )
     from lingcode.engine.local import load_engine
 
     return load_engine(Path(model_path), device=device, kernels=kernels, compile=compile, speculation=speculation)
@@ -493,10 +547,17 @@ def uvicorn_config(app, log_config: dict | None, log_level: str, http: type | No
     # httptools (C) parses requests where it is installed, else h11; either way a request the parser
     # refuses (a bad Content-Length) is answered in the API's own error shape (server/frameworks.py).
     return uvicorn.Config(
-        app, http=http or protocol_class(), log_config=log_config, log_level=log_level, access_log=False,
-        proxy_headers=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S,
-        limit_concurrency=MAX_CONNECTIONS, h11_max_incomplete_event_size=HEAD_BYTES,
-    )  # fmt: skip
+        app,
+        http=http or protocol_class(),
+        log_config=log_config,
+        log_level=log_level,
+        access_log=False,
+        proxy_headers=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        limit_concurrency=MAX_CONNECTIONS,
+        h11_max_incomplete_event_size=HEAD_BYTES,
+    )
 
 
 def _run_uvicorn(app, sockets: list[socket.socket], scheduler, log_config: dict, log_level: str, ready) -> int:

@@ -83,7 +83,10 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def anthropic_body(self) -> dict:
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}}
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message},
+        }
 
     def response(self, path: str = "") -> JSONResponse:
         """The error response; in Anthropic's shape on Anthropic's routes."""
@@ -108,12 +111,16 @@ class ContextLengthExceeded(APIError):
     def __init__(self, context: int, prompt_tokens: int, max_tokens: int | None = None, *, what: str = "messages"):
         self.context, self.prompt_tokens, self.max_tokens = context, prompt_tokens, max_tokens
         if max_tokens is None:
-            message = (f"This model's maximum context length is {context} tokens. However, your {what} "
-                       f"resulted in {prompt_tokens} tokens. Please reduce the length of the {what}.")  # fmt: skip
+            message = (
+                f"This model's maximum context length is {context} tokens. However, your {what} "
+                f"resulted in {prompt_tokens} tokens. Please reduce the length of the {what}."
+            )
         else:
-            message = (f"This model's maximum context length is {context} tokens. However, you requested "
-                       f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in the "
-                       f"completion). Please reduce the length of the {what} or completion.")  # fmt: skip
+            message = (
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in the "
+                f"completion). Please reduce the length of the {what} or completion."
+            )
         param = what if max_tokens is None else "max_tokens"
         super().__init__(400, message, param=param, code="context_length_exceeded")
 
@@ -123,8 +130,10 @@ class ContextLengthExceeded(APIError):
         if self.max_tokens is None and self.prompt_tokens > self.context:
             message = f"prompt is too long: {self.prompt_tokens} tokens > {self.context} maximum"
         else:
-            message = (f"input length and `max_tokens` exceed context limit: {self.prompt_tokens} + {self.max_tokens or 1} "
-                       f"> {self.context}, decrease input length or `max_tokens` and try again")  # fmt: skip
+            message = (
+                f"input length and `max_tokens` exceed context limit: {self.prompt_tokens} + {self.max_tokens or 1} "
+                f"> {self.context}, decrease input length or `max_tokens` and try again"
+            )
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
 
 

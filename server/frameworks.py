@@ -164,8 +164,11 @@ class DaemonCycles:
         if self.arrived_at is None:  # not a byte of a request came
             self.transport.close()
             return
-        error = APIError(408, f"the request's head did not arrive within {HEAD_TIMEOUT_S:g} s of its first byte",
-                         code="request_timeout")  # fmt: skip
+        error = APIError(
+            408,
+            f"the request's head did not arrive within {HEAD_TIMEOUT_S:g} s of its first byte",
+            code="request_timeout",
+        )
         self.logger.warning(error.message)  # as uvicorn logs the requests its parser refuses
         self.refuse(error)
 
@@ -176,8 +179,10 @@ class DaemonCycles:
         sending, would lose the answer: the answer is followed by our EOF, and the connection
         closes once the client closes its side (or after LINGER_S), what it sends meanwhile dropped."""
         body = error.response(self.path()).body
-        head = (f"HTTP/1.1 {error.status} {http.HTTPStatus(error.status).phrase}\r\ncontent-type: application/json"
-                f"\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
+        head = (
+            f"HTTP/1.1 {error.status} {http.HTTPStatus(error.status).phrase}\r\ncontent-type: application/json"
+            f"\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
         self.refused = True
         self.head_done()
         self.transport.write(head.encode("ascii") + body)
@@ -189,9 +194,12 @@ class DaemonCycles:
 
     async def over_capacity(self, scope, receive, send) -> None:
         """The app of a connection opened past the cap: every request on it gets a 503, and it closes."""
-        error = APIError(503, f"the daemon has {self.cap} connections open, as many as it serves: close idle ones, "
-                              "or retry", code="too_many_connections",
-                         headers={"Retry-After": RETRY_AFTER_S, "Connection": "close"})  # fmt: skip
+        error = APIError(
+            503,
+            f"the daemon has {self.cap} connections open, as many as it serves: close idle ones, or retry",
+            code="too_many_connections",
+            headers={"Retry-After": RETRY_AFTER_S, "Connection": "close"},
+        )
         await error.response(scope.get("path", ""))(scope, receive, send)
 
     def hold_heads(self, before) -> None:
@@ -264,8 +272,11 @@ class APIErrorH11Protocol(DaemonCycles, H11Protocol):
 
 
 def head_too_large() -> APIError:
-    return APIError(431, f"the request's line and headers are over the limit of {HEAD_BYTES} bytes",
-                    code="request_headers_too_large")  # fmt: skip
+    return APIError(
+        431,
+        f"the request's line and headers are over the limit of {HEAD_BYTES} bytes",
+        code="request_headers_too_large",
+    )
 
 
 def protocol_class() -> type:
@@ -427,8 +438,9 @@ class DirectRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             if len(self.routes) != self._seen:
-                self._direct = {r.path: r.app for r in self.routes
-                                if isinstance(r, RequestRoute) and not r.param_convertors}  # fmt: skip
+                self._direct = {
+                    r.path: r.app for r in self.routes if isinstance(r, RequestRoute) and not r.param_convertors
+                }
                 self._seen = len(self.routes)
             route = self._direct.get(scope["path"])
             if route is not None:

@@ -23,8 +23,12 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 
 
 def _fields(record: logging.LogRecord) -> dict:
-    fields = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-              "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}  # fmt: skip
+    fields = {
+        "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "msg": record.getMessage(),
+    }
     if (request_id := metrics.request_id.get()) is not None:
         fields["request_id"] = request_id
         fields["route"] = metrics.route.get()
@@ -66,13 +70,15 @@ def configure(level: str, fmt: str = "json") -> dict:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"lingcode": {"()": f"{__name__}.{FORMATS[fmt].__name__}"}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "lingcode", "stream": "ext://sys.stderr"}},
+        "handlers": {
+            "stderr": {"class": "logging.StreamHandler", "formatter": "lingcode", "stream": "ext://sys.stderr"}
+        },
         "loggers": {
             "lingcode": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
             "uvicorn": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
             "uvicorn.error": {"level": level.upper()},
             "uvicorn.access": {"handlers": [], "propagate": False},  # lingcode.access replaces it (request ids)
         },
-    }  # fmt: skip
+    }
     logging.config.dictConfig(config)
     return config

@@ -34,13 +34,18 @@ TRACE_HEADER = "x-lingcode-trace"  # asks for `timings.trace`: where the request
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 HTTP_REQUESTS = Counter(
-    "lingcode_http_requests", "HTTP responses by route, method and status (errors: status >= 400).",
-    ["route", "method", "status"], registry=None,
-)  # fmt: skip
+    "lingcode_http_requests",
+    "HTTP responses by route, method and status (errors: status >= 400).",
+    ["route", "method", "status"],
+    registry=None,
+)
 HTTP_DURATION = Histogram(
-    "lingcode_http_request_duration_seconds", "Time until the response ended (a whole stream, for streams).",
-    ["route"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=None,
-)  # fmt: skip
+    "lingcode_http_request_duration_seconds",
+    "Time until the response ended (a whole stream, for streams).",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    registry=None,
+)
 
 access_log = logging.getLogger("lingcode.access")
 
@@ -105,10 +110,18 @@ class RequestObserver:
             HTTP_DURATION.labels(label).observe(elapsed)
             client = scope.get("client")
             access_log.info(
-                "%s %s %d", scope["method"], scope["path"], status,
-                extra={"method": scope["method"], "path": scope["path"], "status": status,
-                       "duration_ms": round(elapsed * 1e3, 3), "client": f"{client[0]}:{client[1]}" if client else "unix"},
-            )  # fmt: skip
+                "%s %s %d",
+                scope["method"],
+                scope["path"],
+                status,
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round(elapsed * 1e3, 3),
+                    "client": f"{client[0]}:{client[1]}" if client else "unix",
+                },
+            )
             metrics.request_id.reset(id_token)
             metrics.route.reset(route_token)
             metrics.trace.reset(trace_token)

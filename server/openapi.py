@@ -45,8 +45,12 @@ def _inline(node: object, defs: dict, seen: tuple[str, ...] = ()) -> object:
 def document(app: FastAPI, open_paths: frozenset[str]) -> dict:
     """The OpenAPI document of `app` (built once), with its auth."""
     if app.openapi_schema is None:
-        doc = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                          description="lingcode's daemon: OpenAI-compatible routes and its own, on one model.")  # fmt: skip
+        doc = get_openapi(
+            title=app.title,
+            version=app.version,
+            routes=app.routes,
+            description="lingcode's daemon: OpenAI-compatible routes and its own, on one model.",
+        )
         doc.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
         doc["security"] = [{"bearer": []}, {"apiKey": []}]
         for path in open_paths:

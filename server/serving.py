@@ -44,8 +44,14 @@ from lingcode.pipeline.turns import Turn, TurnEnd, TurnEvent, TurnSpec, TurnStar
 from lingcode.server.errors import CLIENT_GONE, APIError, ContextLengthExceeded, as_api_error, invalid
 from lingcode.server.frameworks import RequestRoute, ServingRequest
 from lingcode.server.openapi import request_body
-from lingcode.server.streaming import (KEEP_ALIVE_S, StreamHead, error_after_start, respond, stream_head,
-                                       until_disconnected)  # fmt: skip
+from lingcode.server.streaming import (
+    KEEP_ALIVE_S,
+    StreamHead,
+    error_after_start,
+    respond,
+    stream_head,
+    until_disconnected,
+)
 from lingcode.server.validation import StrictModel, parse, read_json
 from lingcode.text.chat_template import TemplateError
 from lingcode.text.families import Family, family_for
@@ -97,8 +103,11 @@ def timings_dict(usage: Usage | None, timing: Timing | None) -> dict:
     """lingcode's `timings` object: ttft_ms, tpot_ms, total_ms, tokens_per_s, and the token counts."""
     timings = timing.as_dict() if timing is not None else {}
     if usage is not None:
-        timings.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-                       completion_tokens=usage.completion_tokens)  # fmt: skip
+        timings.update(
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+        )
     return timings
 
 
@@ -168,15 +177,27 @@ class Serving:
     path: str
     request_model: type[StrictModel]
 
-    def __init__(self, scheduler: Scheduler, info: ModelInfo, model_id: str, max_body_bytes: int, *,
-                 keep_alive_s: float = KEEP_ALIVE_S):  # fmt: skip
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        info: ModelInfo,
+        model_id: str,
+        max_body_bytes: int,
+        *,
+        keep_alive_s: float = KEEP_ALIVE_S,
+    ):
         self.scheduler, self.info, self.model_id, self.max_body_bytes = scheduler, info, model_id, max_body_bytes
         self.keep_alive_s = keep_alive_s
         self.family: Family = family_for(info)
 
     def install(self, app: FastAPI) -> None:
-        app.router.add_api_route(self.path, self.handle, methods=["POST"], openapi_extra=request_body(self.request_model),
-                                 route_class_override=RequestRoute)  # fmt: skip
+        app.router.add_api_route(
+            self.path,
+            self.handle,
+            methods=["POST"],
+            openapi_extra=request_body(self.request_model),
+            route_class_override=RequestRoute,
+        )
 
     async def prepare(self, body: StrictModel, request: Request) -> Prepared:
         raise NotImplementedError
@@ -224,8 +245,15 @@ class Serving:
 
     # --- conversions every API shares ---------------------------------------------------------
 
-    async def prompt_ids(self, messages: list[dict], tools: Sequence[Tool] = (), *, param: str = "messages",
-                         template_kwargs: dict | None = None, opens: Opening | None = None) -> tuple[list[int], str]:  # fmt: skip
+    async def prompt_ids(
+        self,
+        messages: list[dict],
+        tools: Sequence[Tool] = (),
+        *,
+        param: str = "messages",
+        template_kwargs: dict | None = None,
+        opens: Opening | None = None,
+    ) -> tuple[list[int], str]:
         """The chat template over the messages (and tools), ending with the assistant's turn, as
         token ids, and the prompt text; a message the template cannot take is a 400 naming `param`.
 
@@ -250,7 +278,11 @@ class Serving:
             result = await asyncio.to_thread(tokenize)
         else:
             text = render()
-            if opens is not None and self._leaves_room(text, opens.sampling) and (head := stream_head.get()) is not None:
+            if (
+                opens is not None
+                and self._leaves_room(text, opens.sampling)
+                and (head := stream_head.get()) is not None
+            ):
                 opening = time.perf_counter()
                 await head.open(opens.shape)
                 started += time.perf_counter() - opening  # the trace counts the head's write as "send"
@@ -259,8 +291,9 @@ class Serving:
             trace.add("prompt", time.perf_counter() - started)
         return result
 
-    def opening(self, stream: bool | None, shape: Shape, sampling: Sampling, tools: Sequence[Tool], choice,
-                json_format) -> Opening | None:  # fmt: skip
+    def opening(
+        self, stream: bool | None, shape: Shape, sampling: Sampling, tools: Sequence[Tool], choice, json_format
+    ) -> Opening | None:
         """prompt_ids' `opens` for a request: if it streams and needs no grammar (a grammar that
         does not compile is a 400), to an engine whose stream's head goes before it
         (head_before_submit: the CPU's), and if the scheduler would take it now (not full, not

@@ -114,7 +114,6 @@ def close_soon(iterator: AsyncIterator) -> None:
     task.add_done_callback(_closing.discard)
 
 
-
 # --- SSE streams and their head ----------------------------------------------------------------
 
 
@@ -262,8 +261,9 @@ def error_after_start(exc: Exception) -> APIError:
     return error
 
 
-async def respond(request: ServingRequest, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape,
-                  head: StreamHead) -> Response:  # fmt: skip
+async def respond(
+    request: ServingRequest, events: AsyncIterator[list[TurnEvent]], stream: bool, shape: Shape, head: StreamHead
+) -> Response:
     """One JSON response (shape.whole) or an SSE stream (shape.opening + shape.frames per list)."""
     try:
         if stream:
@@ -320,8 +320,9 @@ async def _collect(events: AsyncIterator[list[TurnEvent]]) -> TurnEnd:
     raise EngineError("the turn ended without a finish reason")
 
 
-async def _frames(first: list[TurnEvent] | Exception, events: AsyncIterator[list[TurnEvent]], shape: Shape, *,
-                  opened: bool) -> AsyncIterator[str]:  # fmt: skip
+async def _frames(
+    first: list[TurnEvent] | Exception, events: AsyncIterator[list[TurnEvent]], shape: Shape, *, opened: bool
+) -> AsyncIterator[str]:
     """The stream's frames from its first events (or the error that came instead), the opening
     first unless it went out with the head."""
     trace = metrics.trace.get() or metrics.Trace()

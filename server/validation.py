@@ -104,8 +104,12 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> object:
     over = declared is not None and int(declared) > limit
     if over and request.headers.get("expect", "").lower() == "100-continue":
         # The client sends the body only once asked to (our first read asks): refuse it unasked.
-        raise APIError(413, f"request body is over the limit of {limit} bytes", code="request_too_large",
-                       headers={"Connection": "close"})  # fmt: skip
+        raise APIError(
+            413,
+            f"request body is over the limit of {limit} bytes",
+            code="request_too_large",
+            headers={"Connection": "close"},
+        )
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
@@ -151,8 +155,9 @@ def _int(literal: str) -> int:
     try:
         return int(literal)
     except ValueError:  # over sys.get_int_max_str_digits(): no field takes a number that long
-        raise invalid(f"the request body has an integer of {len(literal)} digits; that is no number this API "
-                      "takes") from None  # fmt: skip
+        raise invalid(
+            f"the request body has an integer of {len(literal)} digits; that is no number this API takes"
+        ) from None
 
 
 def _float(literal: str) -> float:

@@ -90,10 +90,23 @@ def serve(model_path: Path, home: Path, *args: str, env: dict[str, str] | None =
     """`lingcode serve` on the model, a free port and the CPU (and args), under home as LINGCODE_HOME,
     once it has written its daemon.json; the test fails with its log if it does not get there."""
     log_path = home / "daemon.log"
-    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "lingcode",
+        "serve",
+        "--model",
+        str(model_path),
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        *args,
+    ]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env={**os.environ, "LINGCODE_HOME": str(home), **(env or {})}, stdout=log,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
+        process = subprocess.Popen(
+            command, env={**os.environ, "LINGCODE_HOME": str(home), **(env or {})}, stdout=log, stderr=subprocess.STDOUT
+        )
     daemon_file = home / "state" / "daemon.json"
     deadline = time.monotonic() + 120
     while not daemon_file.exists():

@@ -54,8 +54,16 @@ def event(out: dict) -> bytes:
 
 
 def meta(rid: str, n_out: int, finish=None, prompt_tokens: int = 4, cached_tokens: int = 0) -> dict:
-    return {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens, "weight_version": "default",
-            "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": n_out, "cached_tokens": cached_tokens}  # fmt: skip
+    return {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": n_out,
+        "cached_tokens": cached_tokens,
+    }
 
 
 def aborted(rid: str, ids: list[int], message: str = "Aborted", status_code=None) -> bytes:
@@ -82,8 +90,14 @@ class Replay:
         self.idle_closed = 0  # requests lost so
         self.aborted = threading.Event()
         self.healthy = True
-        self.server_info = {"version": "0.5.23", "context_length": 131072, "max_req_input_len": 131066,
-                            "incremental_streaming_output": False, "speculative_algorithm": "DSPARK", "tp_size": 4}  # fmt: skip
+        self.server_info = {
+            "version": "0.5.23",
+            "context_length": 131072,
+            "max_req_input_len": 131066,
+            "incremental_streaming_output": False,
+            "speculative_algorithm": "DSPARK",
+            "tp_size": 4,
+        }
 
 
 def handler(replay: Replay) -> type[BaseHTTPRequestHandler]:

@@ -14,8 +14,15 @@ import torch
 from lingcode.engine.local.gpu_blocks import BY_NAME, random_blocks
 from lingcode.engine.local.weights import ModelConfig
 
-_NAMES = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
-          "w_up": "ffn_up", "w_down": "ffn_down"}  # fmt: skip
+_NAMES = {
+    "wq": "attn_q",
+    "wk": "attn_k",
+    "wv": "attn_v",
+    "wo": "attn_output",
+    "w_gate": "ffn_gate",
+    "w_up": "ffn_up",
+    "w_down": "ffn_down",
+}
 
 
 def write_gguf(path: Path, cfg: ModelConfig, formats, seed: int = 0) -> Path:
@@ -55,8 +62,15 @@ def write_gguf(path: Path, cfg: ModelConfig, formats, seed: int = 0) -> Path:
         writer.add_tensor(name, (around + spread * torch.randn(n, generator=gen)).numpy().astype(np.float32))
 
     q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    shapes = {"wq": (q, cfg.dim), "wk": (kv, cfg.dim), "wv": (kv, cfg.dim), "wo": (cfg.dim, q),
-              "w_gate": (cfg.ffn_dim, cfg.dim), "w_up": (cfg.ffn_dim, cfg.dim), "w_down": (cfg.dim, cfg.ffn_dim)}  # fmt: skip
+    shapes = {
+        "wq": (q, cfg.dim),
+        "wk": (kv, cfg.dim),
+        "wv": (kv, cfg.dim),
+        "wo": (cfg.dim, q),
+        "w_gate": (cfg.ffn_dim, cfg.dim),
+        "w_up": (cfg.ffn_dim, cfg.dim),
+        "w_down": (cfg.dim, cfg.ffn_dim),
+    }
     matrix("token_embd.weight", cfg.vocab_size, cfg.dim, formats(None, "tok_embeddings"))
     vector("output_norm.weight", cfg.dim, 1.0, 0.1)
     if not cfg.tied_embeddings:

@@ -18,8 +18,10 @@ import openai
 import pytest
 
 OPENCODE_TOOLS = json.loads((Path(__file__).parent / "data" / "opencode_tools.json").read_text())["tools"]
-OPENCODE_SYSTEM = ("You are a coding agent. To see a file, call the read tool. To change a file, call the edit tool.\n"
-                   "<env>\n  Working directory: /tmp/project\n  Platform: linux\n</env>")  # fmt: skip
+OPENCODE_SYSTEM = (
+    "You are a coding agent. To see a file, call the read tool. To change a file, call the edit tool.\n"
+    "<env>\n  Working directory: /tmp/project\n  Platform: linux\n</env>"
+)
 # opencode sends the prompt in quotes, and an attached file (-f) as text parts of the user message.
 OPENCODE_USER = {"role": "user", "content": [
     {"type": "text", "text": 'Called the Read tool with the following input: {"filePath":"/tmp/project/hello.py"}'},
@@ -48,8 +50,14 @@ def claude(daemon) -> anthropic.Anthropic:
 def opencode_turn(client: openai.OpenAI, messages: list[dict], **fields) -> tuple[list, object]:
     """One opencode request: streamed with usage, max_tokens from the model's limit, tools, tool_choice auto."""
     stream = client.chat.completions.create(
-        model="smollm2-135m-instruct", messages=[{"role": "system", "content": OPENCODE_SYSTEM}, *messages],
-        tools=OPENCODE_TOOLS, stream=True, stream_options={"include_usage": True}, temperature=0, **fields)  # fmt: skip
+        model="smollm2-135m-instruct",
+        messages=[{"role": "system", "content": OPENCODE_SYSTEM}, *messages],
+        tools=OPENCODE_TOOLS,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0,
+        **fields,
+    )
     chunks = list(stream)
     return [c for c in chunks if c.choices], chunks[-1].usage
 
@@ -57,15 +65,22 @@ def opencode_turn(client: openai.OpenAI, messages: list[dict], **fields) -> tupl
 def test_opencode_tool_loop(client):
     # The 135M model does not call tools on its own, so the first turn forces one: the
     # constraint also compiles opencode's schemas ($schema 2020-12, +-2**53 integer bounds).
-    chunks, usage = opencode_turn(client, [OPENCODE_USER], max_tokens=64, tool_choice="required", parallel_tool_calls=False)
+    chunks, usage = opencode_turn(
+        client, [OPENCODE_USER], max_tokens=64, tool_choice="required", parallel_tool_calls=False
+    )
     assert chunks[-1].choices[0].finish_reason == "tool_calls" and usage.prompt_tokens > 1000
     start = next(c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls)
-    arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments or "" for c in chunks if c.choices[0].delta.tool_calls)
+    arguments = "".join(
+        c.choices[0].delta.tool_calls[0].function.arguments or "" for c in chunks if c.choices[0].delta.tool_calls
+    )
     json.loads(arguments)
     # opencode's next request: the call as an assistant message with empty content, then its result.
     call = {"id": start.id, "type": "function", "function": {"name": start.function.name, "arguments": arguments}}
-    follow_up = [OPENCODE_USER, {"role": "assistant", "content": "", "tool_calls": [call]},
-                 {"role": "tool", "tool_call_id": start.id, "content": "<path>/tmp/project/hello.py</path>\n<type>file</type>"}]  # fmt: skip
+    follow_up = [
+        OPENCODE_USER,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": start.id, "content": "<path>/tmp/project/hello.py</path>\n<type>file</type>"},
+    ]
     chunks, usage = opencode_turn(client, follow_up, max_tokens=8, tool_choice="auto")
     assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert usage.prompt_tokens_details.cached_tokens > 1000  # the first turn's prompt was reused
@@ -77,8 +92,13 @@ def test_opencode_sees_an_overflow_it_recognizes(client, system, max_tokens, par
     # the first request does not fit 8K. Nothing is truncated: a 400 opencode shows and compacts on.
     fields = {} if max_tokens is None else {"max_tokens": max_tokens}
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model="smollm2-135m-instruct", stream=True, stream_options={"include_usage": True},
-                                       messages=[{"role": "system", "content": system}, OPENCODE_USER], **fields)  # fmt: skip
+        client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "system", "content": system}, OPENCODE_USER],
+            **fields,
+        )
     error = caught.value
     assert error.code == "context_length_exceeded" and error.param == param
     assert all(re.search(pattern, error.message, re.I) for pattern in OPENCODE_OVERFLOW), error.message
@@ -99,30 +119,49 @@ AIDER_MESSAGES = [
 def test_aider_streams_without_max_tokens(client):
     # aider (through litellm) streams with temperature 0, no max_tokens and no stream_options: the
     # answer may run to the end of the context, so the test reads the first text and leaves.
-    with client.chat.completions.create(model="smollm2-135m-instruct", messages=AIDER_MESSAGES, stream=True, temperature=0) as stream:
+    with client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=AIDER_MESSAGES, stream=True, temperature=0
+    ) as stream:
         text = next(c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content)
     assert text
 
 
 def test_aider_commit_message_request(client):
     # --no-stream, and a weak-model request (commit message) with extra_params' max_tokens.
-    reply = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=16, messages=[
-        {"role": "system", "content": "You are an expert software engineer that generates concise, one-line Git commit messages."},
-        {"role": "user", "content": "diff --git a/hello.py b/hello.py\n+# says hello\n def greet(name):"}])  # fmt: skip
+    reply = client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        temperature=0,
+        max_tokens=16,
+        messages=[
+            {
+                "role": "system",
+                "content": "You are an expert software engineer that generates concise, one-line Git commit messages.",
+            },
+            {"role": "user", "content": "diff --git a/hello.py b/hello.py\n+# says hello\n def greet(name):"},
+        ],
+    )
     assert reply.choices[0].message.content and reply.usage.completion_tokens <= 16
 
 
 def test_aider_sees_a_context_window_error(client):
     with pytest.raises(openai.BadRequestError) as caught:  # litellm turns it into ContextWindowExceededError
-        client.chat.completions.create(model="smollm2-135m-instruct", temperature=0,
-                                       messages=[*AIDER_MESSAGES[:-1], {"role": "user", "content": TOO_LONG}])  # fmt: skip
+        client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            temperature=0,
+            messages=[*AIDER_MESSAGES[:-1], {"role": "user", "content": TOO_LONG}],
+        )
     assert caught.value.code == "context_length_exceeded" and "maximum context length" in caught.value.message
 
 
 def test_claude_code_retries_with_a_max_tokens_that_fits(claude):
     # Claude Code sends max_tokens 32000; on Anthropic's own wording of the overflow it retries
     # with contextLimit - inputTokens - 1000, which must then be accepted.
-    messages = [{"role": "user", "content": [{"type": "text", "text": "What does hello.py do?", "cache_control": {"type": "ephemeral"}}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "What does hello.py do?", "cache_control": {"type": "ephemeral"}}],
+        }
+    ]
     system = [{"type": "text", "text": "You are a coding assistant.", "cache_control": {"type": "ephemeral"}}]
     with pytest.raises(anthropic.BadRequestError) as caught:
         claude.messages.create(model="smollm2-135m-instruct", max_tokens=32000, system=system, messages=messages)
@@ -132,15 +171,18 @@ def test_claude_code_retries_with_a_max_tokens_that_fits(claude):
     counted = claude.messages.count_tokens(model="m", system=system, messages=messages).input_tokens
     assert (input_tokens, max_tokens, limit) == (counted, 32000, CONTEXT)
     # The retry is accepted (an error would raise here); its first event is enough.
-    with claude.messages.create(model="m", max_tokens=limit - input_tokens - 1000, system=system, messages=messages,
-                                stream=True) as retried:  # fmt: skip
+    with claude.messages.create(
+        model="m", max_tokens=limit - input_tokens - 1000, system=system, messages=messages, stream=True
+    ) as retried:
         assert next(iter(retried)).type == "message_start"
 
 
 def test_claude_code_sees_prompt_is_too_long(claude):
     # Claude Code's own prompt and tools take ~23K tokens; it reports how much of that is its own.
     with pytest.raises(anthropic.BadRequestError) as caught:
-        claude.messages.create(model="m", max_tokens=1024, system=TOO_LONG, messages=[{"role": "user", "content": "hi"}])
+        claude.messages.create(
+            model="m", max_tokens=1024, system=TOO_LONG, messages=[{"role": "user", "content": "hi"}]
+        )
     match = re.search(CLAUDE_PROMPT_TOO_LONG, caught.value.message, re.I)
     assert match, caught.value.message
     actual, limit = map(int, match.groups())

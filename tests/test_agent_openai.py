@@ -51,8 +51,15 @@ def valid_weather_args(arguments: str) -> dict:
 
 
 def test_required_tool_choice_gives_a_schema_valid_call(client):
-    reply = client.chat.completions.create(model="any", messages=QUESTION, tools=[WEATHER], tool_choice="required",
-                                           parallel_tool_calls=False, max_tokens=48, **GREEDY)  # fmt: skip
+    reply = client.chat.completions.create(
+        model="any",
+        messages=QUESTION,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=48,
+        **GREEDY,
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -63,16 +70,30 @@ def test_required_tool_choice_gives_a_schema_valid_call(client):
 
 def test_named_tool_choice_calls_that_tool(client):
     reply = client.chat.completions.create(
-        model="any", messages=QUESTION, tools=[WEATHER, READ_FILE], max_tokens=32, parallel_tool_calls=False,
-        tool_choice={"type": "function", "function": {"name": "read_file"}}, **GREEDY)  # fmt: skip
+        model="any",
+        messages=QUESTION,
+        tools=[WEATHER, READ_FILE],
+        max_tokens=32,
+        parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "read_file"}},
+        **GREEDY,
+    )
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name == "read_file"
     assert isinstance(json.loads(call.function.arguments)["path"], str)
 
 
 def test_streamed_tool_call_fragments(client):
-    stream = client.chat.completions.create(model="any", messages=QUESTION, tools=[WEATHER], tool_choice="required",
-                                            parallel_tool_calls=False, max_tokens=48, stream=True, **GREEDY)  # fmt: skip
+    stream = client.chat.completions.create(
+        model="any",
+        messages=QUESTION,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=48,
+        stream=True,
+        **GREEDY,
+    )
     chunks = [c for c in stream if c.choices]
     fragments = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
     first, rest = fragments[0], fragments[1:]
@@ -88,8 +109,9 @@ def test_streamed_tool_call_fragments(client):
 
 def test_parallel_calls_have_their_own_index_and_id(client):
     messages = [{"role": "user", "content": "Read the file main.py and tell me the weather in Rome."}]
-    reply = client.chat.completions.create(model="any", messages=messages, tools=[WEATHER, READ_FILE],
-                                           tool_choice="required", max_tokens=64, **GREEDY)  # fmt: skip
+    reply = client.chat.completions.create(
+        model="any", messages=messages, tools=[WEATHER, READ_FILE], tool_choice="required", max_tokens=64, **GREEDY
+    )
     calls = reply.choices[0].message.tool_calls
     assert len(calls) >= 2
     assert len({c.id for c in calls}) == len(calls)
@@ -103,8 +125,11 @@ def test_parallel_calls_have_their_own_index_and_id(client):
 
 
 def test_tool_results_go_back_to_the_model(client):
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
-            "arguments": json.dumps({"city": "Paris", "unit": "celsius", "days": 3})}}  # fmt: skip
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius", "days": 3})},
+    }
     messages = QUESTION + [
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees, all three days."},
@@ -115,17 +140,26 @@ def test_tool_results_go_back_to_the_model(client):
 
 
 def test_tool_choice_none_leaves_text_alone(client):
-    reply = client.chat.completions.create(model="any", messages=QUESTION, tools=[WEATHER], tool_choice="none",
-                                           max_tokens=8, **GREEDY)  # fmt: skip
+    reply = client.chat.completions.create(
+        model="any", messages=QUESTION, tools=[WEATHER], tool_choice="none", max_tokens=8, **GREEDY
+    )
     assert reply.choices[0].message.tool_calls is None and reply.choices[0].finish_reason in ("stop", "length")
 
 
 def test_json_schema_response_format(client):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
     reply = client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=40,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}, **GREEDY)  # fmt: skip
+        model="any",
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+        **GREEDY,
+    )
     assert reply.choices[0].finish_reason == "stop", repr(reply.choices[0].message.content)
     person = json.loads(reply.choices[0].message.content)
     assert set(person) == {"name", "age"} and isinstance(person["name"], str) and isinstance(person["age"], int)
@@ -139,16 +173,23 @@ def test_cached_tokens_reported_on_a_repeated_prefix(client):
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
-    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
-    ({"response_format": {"type": "json_schema"}}, "response_format"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ],
+)
 def test_bad_tool_requests_are_400s(daemon, body, param):
-    response = httpx.post(f"{daemon.url}/v1/chat/completions", headers={"Authorization": f"Bearer {daemon.token}"},
-                          json={"messages": QUESTION, "max_tokens": 1, **body}, timeout=60)  # fmt: skip
+    response = httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {daemon.token}"},
+        json={"messages": QUESTION, "max_tokens": 1, **body},
+        timeout=60,
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
@@ -158,8 +199,14 @@ def test_bad_tool_requests_are_400s(daemon, body, param):
 def test_a_call_cut_by_max_tokens_leaks_no_markup(client):
     """Issue 18.11: the tool-call markup of a call that max_tokens cut is never text."""
     for max_tokens in range(1, 9):
-        reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                               tools=[WEATHER], tool_choice="required", max_tokens=max_tokens, **GREEDY)  # fmt: skip
+        reply = client.chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=max_tokens,
+            **GREEDY,
+        )
         choice = reply.choices[0]
         assert choice.finish_reason == "length"
         assert "<tool_call>" not in (choice.message.content or ""), (max_tokens, choice.message.content)
@@ -169,8 +216,14 @@ def test_a_forced_call_is_not_repeated(client):
     """Issue 18.13: asked to call a tool, the small model writes the same calls again and again (on
     the native CPU step it cycles through celsius and fahrenheit); a call that repeats an earlier
     one exactly is dropped and ends the turn, with its usage."""
-    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-                                           tools=[WEATHER], tool_choice="required", max_tokens=256, **GREEDY)  # fmt: skip
+    reply = client.chat.completions.create(
+        model="any",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=256,
+        **GREEDY,
+    )
     calls = [(c.function.name, c.function.arguments) for c in reply.choices[0].message.tool_calls]
     assert calls and len(set(calls)) == len(calls), calls
     assert reply.choices[0].finish_reason == "tool_calls"

@@ -8,8 +8,12 @@ import httpx
 import openai
 import pytest
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -18,16 +22,24 @@ def client(daemon) -> openai.OpenAI:
 
 
 def test_text_response(client):
-    response = client.responses.create(model="codex-model", input="Say hello.", instructions="Be brief.",
-                                       max_output_tokens=8, temperature=0)  # fmt: skip
+    response = client.responses.create(
+        model="codex-model", input="Say hello.", instructions="Be brief.", max_output_tokens=8, temperature=0
+    )
     assert response.object == "response" and response.status in ("completed", "incomplete")
     assert response.output[0].type == "message" and response.output_text
     assert response.usage.output_tokens <= 8 and response.usage.input_tokens > 0
 
 
 def test_function_call_and_output_round_trip(client):
-    first = client.responses.create(model="m", input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
-                                    parallel_tool_calls=False, max_output_tokens=32, temperature=0)  # fmt: skip
+    first = client.responses.create(
+        model="m",
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=32,
+        temperature=0,
+    )
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
     assert call.call_id.startswith("call_") and first.status == "completed"
@@ -41,9 +53,16 @@ def test_function_call_and_output_round_trip(client):
 
 
 def test_streamed_events_in_order(client):
-    stream = client.responses.create(model="m", input="What is the weather in Paris?", tools=[WEATHER],
-                                     tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False,
-                                     max_output_tokens=32, temperature=0, stream=True)  # fmt: skip
+    stream = client.responses.create(
+        model="m",
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+        max_output_tokens=32,
+        temperature=0,
+        stream=True,
+    )
     events = list(stream)
     types = [e.type for e in events]
     assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
@@ -58,11 +77,20 @@ def test_streamed_events_in_order(client):
 
 
 def test_streamed_text_events(client):
-    events = list(client.responses.create(model="m", input="Say hello.", max_output_tokens=6, temperature=0, stream=True))
+    events = list(
+        client.responses.create(model="m", input="Say hello.", max_output_tokens=6, temperature=0, stream=True)
+    )
     types = [e.type for e in events]
-    expected_order = ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-                      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
-                      "response.output_item.done"]  # fmt: skip
+    expected_order = [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
     positions = [types.index(t) for t in expected_order]
     assert positions == sorted(positions)
     assert types[-1] in ("response.completed", "response.incomplete")
@@ -70,11 +98,14 @@ def test_streamed_text_events(client):
     assert events[-1].response.output[0].content[0].text == text
 
 
-@pytest.mark.parametrize("body", [
-    {"input": "hi", "previous_response_id": "resp_123"},
-    {"input": "hi", "tools": [{"type": "custom", "name": "apply_patch"}]},
-    {"input": [{"type": "input_image", "image_url": "x"}]},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": "hi", "previous_response_id": "resp_123"},
+        {"input": "hi", "tools": [{"type": "custom", "name": "apply_patch"}]},
+        {"input": [{"type": "input_image", "image_url": "x"}]},
+    ],
+)
 def test_unsupported_input_is_a_400(daemon, body):
     response = httpx.post(f"{daemon.url}/v1/responses", headers={"Authorization": f"Bearer {daemon.token}"}, json=body)
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
@@ -82,14 +113,26 @@ def test_unsupported_input_is_a_400(daemon, body):
 
 def test_codex_style_tools_namespaces_and_hosted_tools(client):
     """Codex CLI sends function tools, a namespace of function tools, and hosted tools (web_search)."""
-    spawn = {"type": "function", "name": "spawn_agent", "description": "Spawn a sub-agent",
-             "parameters": {"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}}  # fmt: skip
-    tools = [WEATHER, {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents", "tools": [spawn]},
-             {"type": "web_search", "external_web_access": False}]  # fmt: skip
-    response = client.responses.create(model="m", input=[{"role": "developer", "content": "Delegate."},
-                                                         {"role": "user", "content": "Find the bug."}],
-                                       tools=tools, tool_choice={"type": "function", "name": "spawn_agent"},
-                                       parallel_tool_calls=False, max_output_tokens=32, temperature=0)  # fmt: skip
+    spawn = {
+        "type": "function",
+        "name": "spawn_agent",
+        "description": "Spawn a sub-agent",
+        "parameters": {"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]},
+    }
+    tools = [
+        WEATHER,
+        {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents", "tools": [spawn]},
+        {"type": "web_search", "external_web_access": False},
+    ]
+    response = client.responses.create(
+        model="m",
+        input=[{"role": "developer", "content": "Delegate."}, {"role": "user", "content": "Find the bug."}],
+        tools=tools,
+        tool_choice={"type": "function", "name": "spawn_agent"},
+        parallel_tool_calls=False,
+        max_output_tokens=32,
+        temperature=0,
+    )
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.name == "spawn_agent" and call.namespace == "multi_agent_v1"
     assert isinstance(json.loads(call.arguments)["task"], str)

@@ -19,8 +19,12 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = {"lingcode": ROOT / "lingcode", "lingcode.server": ROOT / "server", "lingcode.lsp": ROOT / "lsp",
-            "lingcode.tui": ROOT / "tui"}  # fmt: skip
+PACKAGES = {
+    "lingcode": ROOT / "lingcode",
+    "lingcode.server": ROOT / "server",
+    "lingcode.lsp": ROOT / "lsp",
+    "lingcode.tui": ROOT / "tui",
+}
 MAP = (ROOT / "docs" / "architecture.md").read_text()
 
 
@@ -123,8 +127,11 @@ def product_files() -> set[str]:
             if path.name == "__init__.py" and not holds_code(path):
                 continue
             found.add(path.relative_to(ROOT).as_posix())
-    found.update(path.relative_to(ROOT).as_posix() for path in DATA.rglob("*")
-                 if path.is_file() and "__pycache__" not in path.parts)  # fmt: skip
+    found.update(
+        path.relative_to(ROOT).as_posix()
+        for path in DATA.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    )
     return found
 
 
@@ -138,13 +145,16 @@ def test_the_map_names_every_product_file_once():
     named = set(rows)
     missing = sorted(product_files() - named)
     rows_to_add = "\n".join(f"| `{path}` | its job |" for path in missing)
-    assert not missing, (f"docs/architecture.md has no row for: {', '.join(missing)}; "
-                         f"add to its folder's table:\n{rows_to_add}")
+    assert not missing, (
+        f"docs/architecture.md has no row for: {', '.join(missing)}; add to its folder's table:\n{rows_to_add}"
+    )
     twice = sorted({path for path in rows if rows.count(path) > 1})
     assert not twice, f"docs/architecture.md has more than one row for: {', '.join(twice)}"
     not_product = sorted(named - product_files())
-    assert not not_product, ("docs/architecture.md has a row for what is not a product file (gone, renamed, "
-                             f"or an __init__.py that holds no code): {', '.join(not_product)}")  # fmt: skip
+    assert not not_product, (
+        "docs/architecture.md has a row for what is not a product file (gone, renamed, "
+        f"or an __init__.py that holds no code): {', '.join(not_product)}"
+    )
 
 
 def named_paths(text: str) -> set[str]:
@@ -219,8 +229,18 @@ async def test_a_keystroke_runs_code_only_in_the_files_the_map_names(model_path,
     await completer.complete(cursor)  # a second keystroke is the one traced
     with Tracer() as editor:
         other = "class Stack:\n    def push(self, item):\n        "  # no typed-ahead hit: a fresh request
-        await completer.complete(Cursor(**{**cursor.__dict__, "uri": "file:///w/stack.py", "path": "stack.py",
-                                           "text": other, "offset": len(other), "line": 2}))  # fmt: skip
+        await completer.complete(
+            Cursor(
+                **{
+                    **cursor.__dict__,
+                    "uri": "file:///w/stack.py",
+                    "path": "stack.py",
+                    "text": other,
+                    "offset": len(other),
+                    "line": 2,
+                }
+            )
+        )
     await completer.close()
     # The daemon side, in this process, on a fresh engine: its worker thread starts with the first
     # request, under the tracer.

@@ -18,15 +18,26 @@ BENCH = [sys.executable, "-m", "lingcode", "bench", "--device", "cpu"]
 
 def run_bench(tmp_path, model_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "bench"
-    done = subprocess.run([*BENCH, "--model", str(model_path), *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [*BENCH, "--model", str(model_path), *args, "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     return done, json.loads(out.with_suffix(".json").read_text())
 
 
 def test_bench_writes_json_markdown_and_plot(tmp_path, model_path):
-    _, report = run_bench(tmp_path, model_path, "--workload", "completion,code-edit", "--speculation", "off,ngram",
-                          "--requests", "1", "--max-tokens", "6")  # fmt: skip
+    _, report = run_bench(
+        tmp_path,
+        model_path,
+        "--workload",
+        "completion,code-edit",
+        "--speculation",
+        "off,ngram",
+        "--requests",
+        "1",
+        "--max-tokens",
+        "6",
+    )
     variants = {(row["workload"], row["variant"]) for row in report["summary"]}
     assert variants == {(w, v) for w in ("completion", "code-edit") for v in ("lingcode-off", "lingcode-ngram")}
     assert all(r["tokens"] >= 1 and r["ttft_ms"] > 0 for r in report["requests"])
@@ -39,10 +50,26 @@ def test_bench_writes_json_markdown_and_plot(tmp_path, model_path):
     assert report["workers"]["lingcode"]["pid"] != os.getpid()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers (make test installs it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="needs transformers (make test installs it)"
+)
 def test_bench_runs_a_peer_in_a_process_of_its_own(tmp_path, model_path):
-    _, report = run_bench(tmp_path, model_path, "--workload", "chat", "--speculation", "off",
-                          "--peers", "transformers-eager", "--threads", "1", "--requests", "2", "--max-tokens", "5")  # fmt: skip
+    _, report = run_bench(
+        tmp_path,
+        model_path,
+        "--workload",
+        "chat",
+        "--speculation",
+        "off",
+        "--peers",
+        "transformers-eager",
+        "--threads",
+        "1",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "5",
+    )
     workers = report["workers"]
     assert set(workers) == {"lingcode", "transformers-eager"}
     assert workers["lingcode"]["pid"] != workers["transformers-eager"]["pid"]
@@ -58,19 +85,44 @@ def test_bench_runs_a_peer_in_a_process_of_its_own(tmp_path, model_path):
 
 
 def test_bench_says_how_to_get_llama_cpp_when_it_is_missing(tmp_path, model_path):
-    done = subprocess.run([*BENCH, "--model", str(model_path), "--peers", "llama.cpp",
-                           "--llama-cpp-python", str(tmp_path / "no-such-python")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            *BENCH,
+            "--model",
+            str(model_path),
+            "--peers",
+            "llama.cpp",
+            "--llama-cpp-python",
+            str(tmp_path / "no-such-python"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "cannot import llama_cpp" in done.stderr and "bench/README.md" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.skipif(not os.environ.get("LINGCODE_LLAMA_CPP_PYTHON"),
-                    reason="llama.cpp is a benchmark-only peer: set LINGCODE_LLAMA_CPP_PYTHON (bench/README.md)")
+@pytest.mark.skipif(
+    not os.environ.get("LINGCODE_LLAMA_CPP_PYTHON"),
+    reason="llama.cpp is a benchmark-only peer: set LINGCODE_LLAMA_CPP_PYTHON (bench/README.md)",
+)
 def test_bench_runs_llama_cpp_in_its_own_interpreter(tmp_path, model_path):
-    _, report = run_bench(tmp_path, model_path, "--workload", "code-edit", "--speculation", "off",
-                          "--peers", "llama.cpp", "--requests", "1", "--max-tokens", "8")  # fmt: skip
+    _, report = run_bench(
+        tmp_path,
+        model_path,
+        "--workload",
+        "code-edit",
+        "--speculation",
+        "off",
+        "--peers",
+        "llama.cpp",
+        "--requests",
+        "1",
+        "--max-tokens",
+        "8",
+    )
     worker = report["workers"]["llama.cpp"]
     assert worker["engine"]["python"] != sys.executable and worker["threads"] == report["threads"]
     peer = [r for r in report["requests"] if r["variant"] == "llama.cpp"]
@@ -82,20 +134,51 @@ def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
     chunks among them), each beside its own floor."""
     out = tmp_path / "daemon"
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"messages": [{"role": "user", "content": "Name a sorting algorithm."}]}\n\n'
-                       '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]}\n')
+    prompts.write_text(
+        '{"messages": [{"role": "user", "content": "Name a sorting algorithm."}]}\n\n'
+        '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]}\n'
+    )
     temp = tmp_path / "temp"  # where the bench makes the daemon's private home
     temp.mkdir()
-    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
-                           str(model_path), "--workload", "chat,stdlib", "--prompts", str(prompts), "--requests", "2",
-                           "--max-tokens", "8", "--clients", "httpx,aiohttp,openai,socket", "--pause-ms", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lingcode",
+            "bench",
+            "daemon",
+            "--engine",
+            "sglang",
+            "--model",
+            str(model_path),
+            "--workload",
+            "chat,stdlib",
+            "--prompts",
+            str(prompts),
+            "--requests",
+            "2",
+            "--max-tokens",
+            "8",
+            "--clients",
+            "httpx,aiohttp,openai,socket",
+            "--pause-ms",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
     assert done.returncode == 0, done.stderr
     assert not any(temp.iterdir())  # the daemon's home, its prepared model with it, is gone
     report = json.loads(out.with_suffix(".json").read_text())
     assert [(row["workload"], row["client"]) for row in report["rows"]] == [
-        (workload, client) for workload in ("chat", "stdlib", "prompts") for client in ("httpx", "aiohttp", "openai", "socket")]
+        (workload, client)
+        for workload in ("chat", "stdlib", "prompts")
+        for client in ("httpx", "aiohttp", "openai", "socket")
+    ]
     # the workloads that are not the bench's own change every round, and the report names each input
     stdlib = report["inputs"]["stdlib"]
     assert len(stdlib) == len(set(stdlib)) == 2 and all("." in name for name in stdlib)
@@ -117,26 +200,62 @@ def test_bench_daemon_reads_the_daemon_with_each_client(tmp_path, model_path):
     assert "| speculation | workload | client |" in out.with_suffix(".md").read_text()
     # every workload's pairs pooled per client: 2 rounds x (cold, cached) x 3 workloads, first tokens cached only
     assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in report["pooled"]] == [
-        ("httpx", 12, 6), ("aiohttp", 12, 6), ("openai", 12, 6), ("socket", 12, 6)]
+        ("httpx", 12, 6),
+        ("aiohttp", 12, 6),
+        ("openai", 12, 6),
+        ("socket", 12, 6),
+    ]
     assert all(r["tpot_ratio_paired"] > 0 and r["ttft_added_paired_ms"] is not None for r in report["pooled"])
     assert all(r["ttft_added_in_daemon_ms"] is not None for r in report["pooled"])
     # --report summarizes the saved samples again, measuring nothing: the same figures
     again = tmp_path / "again"
-    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--report", str(out.with_suffix(".json")),
-                           "--out", str(again)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lingcode",
+            "bench",
+            "daemon",
+            "--report",
+            str(out.with_suffix(".json")),
+            "--out",
+            str(again),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     redone = json.loads(again.with_suffix(".json").read_text())
     assert redone["pooled"] == report["pooled"] and redone["commit"] == report["commit"]
     assert [r["tpot_ratio_paired"] for r in redone["rows"]] == [r["tpot_ratio_paired"] for r in report["rows"]]
     assert "All workloads pooled" in again.with_suffix(".md").read_text()
     # several runs' samples pooled: each run's pairs kept as its own, the runs' commands named
-    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--report", str(out.with_suffix(".json")),
-                           str(out.with_suffix(".json")), "--out", str(again)], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lingcode",
+            "bench",
+            "daemon",
+            "--report",
+            str(out.with_suffix(".json")),
+            str(out.with_suffix(".json")),
+            "--out",
+            str(again),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     twice = json.loads(again.with_suffix(".json").read_text())
     assert [(r["client"], r["pairs"], r["ttft_pairs"]) for r in twice["pooled"]] == [
-        ("httpx", 24, 12), ("aiohttp", 24, 12), ("openai", 24, 12), ("socket", 24, 12)]
+        ("httpx", 24, 12),
+        ("aiohttp", 24, 12),
+        ("openai", 24, 12),
+        ("socket", 24, 12),
+    ]
     assert [r["tpot_ratio_paired"] for r in twice["pooled"]] == [r["tpot_ratio_paired"] for r in report["pooled"]]
     assert twice["command"].startswith("2 runs pooled: ") and twice["inputs"]["stdlib"] == stdlib * 2
 
@@ -150,8 +269,10 @@ def test_the_bare_socket_client_reads_a_chunked_stream_however_it_is_cut():
 
     from lingcode.bench.daemon import SocketClient
 
-    events = b"data: {\"n\": 1}\n\ndata: {\"n\": 2}\n\ndata: [DONE]\n\n"
-    body = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (events[:7], events[7:30], events[30:])) + b"0\r\n\r\n"
+    events = b'data: {"n": 1}\n\ndata: {"n": 2}\n\ndata: [DONE]\n\n'
+    body = (
+        b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (events[:7], events[7:30], events[30:])) + b"0\r\n\r\n"
+    )
     answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body
     refusal = b'HTTP/1.1 401 Unauthorized\r\ncontent-length: 12\r\n\r\n{"error": 1}'
     listener = socket.create_server(("127.0.0.1", 0))
@@ -192,12 +313,33 @@ def test_the_bare_socket_client_reads_a_chunked_stream_however_it_is_cut():
 def test_bench_daemon_refuses_a_prompts_file_it_cannot_read(tmp_path, model_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "Hi."}]}\n{"prompt": "no messages"}\n')
-    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--engine", "sglang", "--model",
-                           str(model_path), "--workload", "", "--prompts", str(bad)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lingcode",
+            "bench",
+            "daemon",
+            "--engine",
+            "sglang",
+            "--model",
+            str(model_path),
+            "--workload",
+            "",
+            "--prompts",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and f"{bad}:2: not a" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "lingcode", "bench", "daemon", "--clients", "httpx,curl"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "lingcode", "bench", "daemon", "--clients", "httpx,curl"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "'httpx,curl': one or more of httpx, aiohttp, openai, socket" in done.stderr
 
 
@@ -228,9 +370,11 @@ def test_pooled_pairs_each_daemon_request_with_its_own_direct_one():
     for workload, slow in (("chat", 1.0), ("stdlib", 2.0)):  # the machine twice as slow for one workload
         for r in range(5):
             for cached in (False, True):
-                samples += [sample("direct", workload, cached, 10.0 * slow, 4.0 * slow),
-                            sample("daemon", workload, cached, 10.0 * slow + 1.5, 4.0 * slow * 1.05),
-                            sample("floor", workload, cached, 0.5, None)]
+                samples += [
+                    sample("direct", workload, cached, 10.0 * slow, 4.0 * slow),
+                    sample("daemon", workload, cached, 10.0 * slow + 1.5, 4.0 * slow * 1.05),
+                    sample("floor", workload, cached, 0.5, None),
+                ]
     [row] = pooled(samples)
     assert (row["client"], row["pairs"], row["ttft_pairs"]) == ("aiohttp", 20, 10)
     assert row["tpot_ratio_paired"] == pytest.approx(1.05) and row["ttft_added_paired_ms"] == pytest.approx(1.5)

@@ -13,8 +13,17 @@ import pytest
 
 from lingcode import cli, models
 
-SERVE_OPTIONS = ("--engine", "--model", "--host", "--port", "--device", "--max-queue", "--log-level", "--max-sessions",
-                 "--session-memory")
+SERVE_OPTIONS = (
+    "--engine",
+    "--model",
+    "--host",
+    "--port",
+    "--device",
+    "--max-queue",
+    "--log-level",
+    "--max-sessions",
+    "--session-memory",
+)
 
 
 def lingcode(*args: str, home=None) -> subprocess.CompletedProcess:
@@ -92,13 +101,30 @@ def test_serve_hands_the_resolved_model_to_the_daemon(model_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "lingcode.server.daemon", daemon)
 
     assert cli.main(["serve", "--model", "smollm2", "--port", "0", "--max-queue", "4"]) == 0
-    assert calls == [{
-        "engine": "local", "model_path": model_path, "model_name": models.DEFAULT_MODEL,
-        "host": "127.0.0.1", "port": 0, "device": "auto", "max_queue": 4, "log_level": "info", "session_idle_s": 1800.0,
-        "max_sessions": 64, "session_memory_mb": 64, "keep_alive_s": 10.0,
-        "allow_remote": False, "allowed_hosts": (), "allowed_origins": (), "unix_socket": None, "log_format": "json",
-        "kernels": "auto", "compile": False, "speculation": "ngram",
-    }]
+    assert calls == [
+        {
+            "engine": "local",
+            "model_path": model_path,
+            "model_name": models.DEFAULT_MODEL,
+            "host": "127.0.0.1",
+            "port": 0,
+            "device": "auto",
+            "max_queue": 4,
+            "log_level": "info",
+            "session_idle_s": 1800.0,
+            "max_sessions": 64,
+            "session_memory_mb": 64,
+            "keep_alive_s": 10.0,
+            "allow_remote": False,
+            "allowed_hosts": (),
+            "allowed_origins": (),
+            "unix_socket": None,
+            "log_format": "json",
+            "kernels": "auto",
+            "compile": False,
+            "speculation": "ngram",
+        }
+    ]
 
 
 def test_bad_port_is_a_usage_error():
@@ -129,12 +155,16 @@ def test_doctor_fits_100_columns(tmp_path):
     assert not wide, wide
 
 
-@pytest.mark.parametrize("args", [["--help"], ["models"], ["sglang-args"], ["lsp", "--help"], ["pull"], ["bench", "--help"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["models"], ["sglang-args"], ["lsp", "--help"], ["pull"], ["bench", "--help"]]
+)
 def test_commands_that_run_no_model_import_no_torch(model_path, args):
     """What makes them print at once (`lingcode bench startup` times it): torch alone takes seconds."""
-    script = ("import sys\nfrom lingcode import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-              "print(sorted(m for m in ('torch', 'numpy', 'fastapi', 'textual', 'pygls', 'jinja2') if m in sys.modules),"
-              " file=sys.stderr)")  # fmt: skip
+    script = (
+        "import sys\nfrom lingcode import cli\ntry:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'fastapi', 'textual', 'pygls', 'jinja2') if m in sys.modules),"
+        " file=sys.stderr)"
+    )
     result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)
     assert result.stdout, result.stderr
     assert result.stderr.strip().splitlines()[-1] == "[]", result.stderr
@@ -142,11 +172,18 @@ def test_commands_that_run_no_model_import_no_torch(model_path, args):
 
 def test_env_points_clients_at_the_running_daemon(daemon):
     """`eval "$(lingcode env)"` and an OpenAI-style client finds the daemon: no port or token path typed."""
-    check = ("import os, httpx; print(httpx.get(os.environ['OPENAI_BASE_URL'] + '/models', "
-             "headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']}).status_code)")  # fmt: skip
+    check = (
+        "import os, httpx; print(httpx.get(os.environ['OPENAI_BASE_URL'] + '/models', "
+        "headers={'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']}).status_code)"
+    )
     script = f'eval "$({sys.executable} -m lingcode env)" && test "$LINGCODE_URL" = {daemon.url} && {sys.executable} -c "{check}"'
-    result = subprocess.run(["bash", "-c", script], env={**os.environ, "LINGCODE_HOME": str(daemon.home)},
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        ["bash", "-c", script],
+        env={**os.environ, "LINGCODE_HOME": str(daemon.home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.stdout.strip() == "200", result.stderr
     assert daemon.token not in lingcode("env", home=daemon.home).stdout  # read from its file by the shell
 

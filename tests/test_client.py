@@ -29,8 +29,12 @@ async def test_streams_chat_and_reports_errors_in_their_shape(home):
     api = client.Client(client.ensure_daemon())
     try:
         models = await api.get("/v1/models")
-        body = {"model": models["data"][0]["id"], "max_tokens": 4, "temperature": 0,
-                "messages": [{"role": "user", "content": "Say hi."}]}  # fmt: skip
+        body = {
+            "model": models["data"][0]["id"],
+            "max_tokens": 4,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hi."}],
+        }
         events = [e async for e in api.stream("/v1/chat/completions", body)]
         assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
         assert "".join(e["choices"][0]["delta"].get("content", "") for e in events)
@@ -45,8 +49,13 @@ async def test_closing_a_stream_aborts_it_in_the_engine(home):
     api = client.Client(client.ensure_daemon())
     try:
         before = (await api.get("/v1/lingcode/stats"))["engine"]["aborted"]
-        body = {"model": "x", "max_tokens": 500, "temperature": 0, "ignore_eos": True,
-                "messages": [{"role": "user", "content": "Write a long story."}]}  # fmt: skip
+        body = {
+            "model": "x",
+            "max_tokens": 500,
+            "temperature": 0,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Write a long story."}],
+        }
         stream = api.stream("/v1/chat/completions", body)
         async for _ in stream:
             break

@@ -22,7 +22,9 @@ async def generate(engine, ids: list[int], max_tokens: int, speculation: str = "
     engine.reset_cache()
     out: list[int] = []
     try:
-        async for chunk in engine.generate(f"coding-{speculation}", ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)):
+        async for chunk in engine.generate(
+            f"coding-{speculation}", ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        ):
             out += chunk.token_ids
     finally:
         engine.set_speculation("ngram")
@@ -53,8 +55,9 @@ async def test_it_answers_a_coding_question_with_code(qwen_engine):
 
 async def test_it_fills_in_the_middle(qwen_engine):
     tokenizer = qwen_engine.info.tokenizer
-    prompt = ("<|fim_prefix|>def fib(n):\n    if n < 2:\n        return n\n<|fim_suffix|>\n\nprint(fib(10))\n"
-              "<|fim_middle|>")  # fmt: skip
+    prompt = (
+        "<|fim_prefix|>def fib(n):\n    if n < 2:\n        return n\n<|fim_suffix|>\n\nprint(fib(10))\n<|fim_middle|>"
+    )
     text = tokenizer.decode(await generate(qwen_engine, tokenizer.encode(prompt), 16))
     assert "fib(n-1) + fib(n-2)" in text.replace(" - ", "-"), text
 

@@ -66,14 +66,21 @@ def test_typing_changes_only_the_prompts_tail(info):
 
 
 def test_context_chunks_come_first_within_their_budget(info):
-    chunks = (Chunk("util.py", "def helper():\n    return 42\n"), Chunk("big.py", "x = 1\n" * 400),
-              Chunk("b.py", "y = 2"))  # fmt: skip
+    chunks = (
+        Chunk("util.py", "def helper():\n    return 42\n"),
+        Chunk("big.py", "x = 1\n" * 400),
+        Chunk("b.py", "y = 2"),
+    )
     request = CompletionInput(prefix="import util\n", path="main.py", context=chunks)
     prompt = build_prompt(info, request, Budgets(context_tokens=100))
     assert prompt.context_chunks == 2  # big.py is over the budget and left out, not cut
     tok = info.tokenizer
-    expected = (tok.encode("<file_sep>util.py\n") + tok.encode_text(chunks[0].text)
-                + tok.encode("<file_sep>b.py\n") + tok.encode_text("y = 2\n"))  # fmt: skip
+    expected = (
+        tok.encode("<file_sep>util.py\n")
+        + tok.encode_text(chunks[0].text)
+        + tok.encode("<file_sep>b.py\n")
+        + tok.encode_text("y = 2\n")
+    )
     assert prompt.input_ids[: prompt.context_tokens] == expected
 
 

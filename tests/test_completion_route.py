@@ -17,8 +17,13 @@ from lingcode.completion.prompt import CompletionInput, build_prompt
 ROUTE = "/v1/lingcode/complete"
 PYTHON = 'def greet(name):\n    """Say hello."""\n    return "Hello, " + name\n\n\ndef main():\n    print(greet('
 # A list the model keeps extending one line at a time: a completion that runs as long as we let it.
-COUNTING = {"prefix": "NUMBERS = [\n    1,\n    2,\n    3,\n    ", "path": "numbers.py", "multiline": True,
-            "max_tokens": 200, "time_budget_ms": None}  # fmt: skip
+COUNTING = {
+    "prefix": "NUMBERS = [\n    1,\n    2,\n    3,\n    ",
+    "path": "numbers.py",
+    "multiline": True,
+    "max_tokens": 200,
+    "time_budget_ms": None,
+}
 
 
 @pytest.fixture
@@ -102,10 +107,14 @@ async def test_streamed_text_then_the_figures_then_done(api):
 
 @pytest.mark.parametrize(
     "body, param",
-    [({"suffix": "x"}, "prefix"), ({"prefix": 3}, "prefix"), ({"prefix": "x", "max_tokens": 0}, "max_tokens"),
-     ({"prefix": "x", "context": [{"path": "a"}]}, "context[0].text"),
-     ({"prefix": "x", "budgets": {"prefix_tokens": -1}}, "budgets.prefix_tokens")],
-)  # fmt: skip
+    [
+        ({"suffix": "x"}, "prefix"),
+        ({"prefix": 3}, "prefix"),
+        ({"prefix": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prefix": "x", "context": [{"path": "a"}]}, "context[0].text"),
+        ({"prefix": "x", "budgets": {"prefix_tokens": -1}}, "budgets.prefix_tokens"),
+    ],
+)
 async def test_bad_requests_are_400s_that_name_the_field(api, body, param):
     response = await api.post(ROUTE, json=body)
     assert response.status_code == 400
@@ -133,8 +142,14 @@ async def test_a_new_completion_for_the_same_document_cancels_the_running_one(ap
 
 async def test_a_completion_goes_before_a_running_chat_which_then_finishes(api):
     before = await wait_idle(api)
-    chat_body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24, "temperature": 0,
-                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    chat_body = {
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     order: list[str] = []
 
     async def chat() -> dict:

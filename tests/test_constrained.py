@@ -20,8 +20,15 @@ from lingcode.pipeline.scheduler import Scheduler
 from lingcode.server.app import create_app
 
 TOKEN = "test-token"
-SCHEMA = {"type": "object", "properties": {"language": {"type": "string", "enum": ["python", "rust", "go"]},
-          "lines": {"type": "integer", "minimum": 1}}, "required": ["language", "lines"], "additionalProperties": False}  # fmt: skip
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "language": {"type": "string", "enum": ["python", "rust", "go"]},
+        "lines": {"type": "integer", "minimum": 1},
+    },
+    "required": ["language", "lines"],
+    "additionalProperties": False,
+}
 
 
 async def test_the_default_model_writes_schema_valid_json_under_a_constraint(engine):
@@ -45,9 +52,16 @@ def _client(engine) -> TestClient:
 
 
 def _json_schema_request(client: TestClient, schema: dict, max_tokens: int = 24):
-    return client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}, json={
-        "messages": [{"role": "user", "content": "Answer in JSON."}], "max_tokens": max_tokens, "temperature": 0,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}})  # fmt: skip
+    return client.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        json={
+            "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        },
+    )
 
 
 def test_forced_tool_choice_and_json_work_in_the_plain_install(engine):
@@ -56,11 +70,29 @@ def test_forced_tool_choice_and_json_work_in_the_plain_install(engine):
 
     assert any(r.startswith("llguidance") and "extra" not in r for r in requires("lingcode"))
     client = _client(engine)
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "path": {"type": "string", "maxLength": 24}}, "required": ["path"]}}}  # fmt: skip
-    forced = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}, json={
-        "messages": [{"role": "user", "content": "Read main.py"}], "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False,
-        "max_tokens": 100, "temperature": 0})  # fmt: skip
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string", "maxLength": 24}},
+                "required": ["path"],
+            },
+        },
+    }
+    forced = client.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        json={
+            "messages": [{"role": "user", "content": "Read main.py"}],
+            "tools": [tool],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "max_tokens": 100,
+            "temperature": 0,
+        },
+    )
     assert forced.status_code == 200, forced.text
     (call,) = forced.json()["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "f" and isinstance(json.loads(call["function"]["arguments"])["path"], str)
@@ -75,8 +107,11 @@ def test_pathological_schemas_get_a_400_at_once(engine):
     nested: dict = {"type": "string"}
     for _ in range(200):
         nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
-    wide = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
-                      for i in range(3000)]}  # fmt: skip
+    wide = {
+        "anyOf": [
+            {"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]} for i in range(3000)
+        ]
+    }
     for schema, words in ((huge, "at most 1048576"), (nested, "cannot compile"), (wide, "over lingcode's limits")):
         response = _json_schema_request(client, schema)
         assert response.status_code == 400, response.text[:300]
@@ -99,7 +134,9 @@ def test_a_long_compile_does_not_hold_up_another(engine):
     thread = threading.Thread(target=large)
     thread.start()
     time.sleep(0.1)  # the large compile is under way
-    constraint(info.tokenizer, info.eos_token_ids, "json_schema", {"type": "object", "properties": {"n": {"type": "integer"}}})
+    constraint(
+        info.tokenizer, info.eos_token_ids, "json_schema", {"type": "object", "properties": {"n": {"type": "integer"}}}
+    )
     done.append("small")
     thread.join()
     assert done == ["small", "large"]
@@ -110,7 +147,13 @@ def test_a_cancelled_compile_is_dropped(engine):
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(GrammarCancelled):
-        constraint(info.tokenizer, info.eos_token_ids, "json_schema", {"type": "object", "properties": {"x": {}}}, cancel=cancel)
+        constraint(
+            info.tokenizer,
+            info.eos_token_ids,
+            "json_schema",
+            {"type": "object", "properties": {"x": {}}},
+            cancel=cancel,
+        )
 
 
 @pytest.mark.parametrize("family", ["hermes", "ling3"])
@@ -120,17 +163,32 @@ def test_tool_call_grammars_admit_the_calls_their_parsers_read(engine, family):
     from lingcode.agent.tool_parsers import make_parser
 
     tok = engine.info.tokenizer
-    weather = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                   "unit": {"enum": ["c", "f"]}}, "required": ["city"]})  # fmt: skip
+    weather = Tool(
+        "get_weather",
+        "",
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    )
     grammar = tool_call_grammar(family, [weather], parallel=False)
     if family == "hermes":
         good = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris </x>", "days": 3}}</tool_call>'
-        bad = ['<tool_call>{"name": "get_time", ', '<tool_call>{"name": "get_weather", "arguments": {"city": "P", "days": "3"']
+        bad = [
+            '<tool_call>{"name": "get_time", ',
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "P", "days": "3"',
+        ]
     else:
-        good = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris </x></arg_value>\n"
-                "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>")  # fmt: skip
-        bad = ["<tool_call>get_time\n", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>P</arg_value>\n"
-               "<arg_key>days</arg_key>\n<arg_value>three"]  # fmt: skip
+        good = (
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris </x></arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+        )
+        bad = [
+            "<tool_call>get_time\n",
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>P</arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>three",
+        ]
     matcher = constraint(tok, engine.info.eos_token_ids, "lark", grammar)
     for token in tok.encode(good):
         matcher.accept(token)

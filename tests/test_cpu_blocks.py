@@ -39,8 +39,12 @@ def random_blocks(kind: GGMLQuantizationType, rows: int, cols: int, seed: int) -
         f16(208)  # d comes last
     else:
         f16(0)  # d
-        if kind in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K,
-                    GGMLQuantizationType.Q5_K):  # fmt: skip
+        if kind in (
+            GGMLQuantizationType.Q4_1,
+            GGMLQuantizationType.Q5_1,
+            GGMLQuantizationType.Q4_K,
+            GGMLQuantizationType.Q5_K,
+        ):
             f16(2)  # m, or dmin
     return raw
 
@@ -106,15 +110,23 @@ def test_a_fused_matrix_keeps_each_parts_type_and_row_order(lib, tmp_path):
     raws = [random_blocks(k, r, COLS, seed=7 + i) for i, (k, r) in enumerate(zip(kinds, rows))]
     path, offsets = write(tmp_path, *raws)
     order = torch.randperm(64, generator=torch.Generator().manual_seed(0))
-    parts = [(int(kinds[0]), offsets[0], 64, order)] + [(int(k), o, r, None) for k, o, r in zip(kinds[1:], offsets[1:], rows[1:])]
+    parts = [(int(kinds[0]), offsets[0], 64, order)] + [
+        (int(k), o, r, None) for k, o, r in zip(kinds[1:], offsets[1:], rows[1:])
+    ]
     matrix = lib.repack(str(path), COLS, parts)
-    expected = np.concatenate([weights(raws[0], kinds[0], 64, COLS)[order.numpy()]] +
-                              [weights(a, k, r, COLS) for a, k, r in zip(raws[1:], kinds[1:], rows[1:])])  # fmt: skip
+    expected = np.concatenate(
+        [weights(raws[0], kinds[0], 64, COLS)[order.numpy()]]
+        + [weights(a, k, r, COLS) for a, k, r in zip(raws[1:], kinds[1:], rows[1:])]
+    )
     assert matrix.types() == [int(k) for k in kinds]
     np.testing.assert_array_equal(matrix.dequantize().numpy(), expected)
     x = np.random.default_rng(0).standard_normal((4, COLS)).astype(np.float32)
-    np.testing.assert_allclose(matrix.matmul(torch.from_numpy(x)).numpy(), x @ expected.T.astype(np.float64),
-                               rtol=0, atol=0.02 * np.abs(x @ expected.T).max())  # fmt: skip
+    np.testing.assert_allclose(
+        matrix.matmul(torch.from_numpy(x)).numpy(),
+        x @ expected.T.astype(np.float64),
+        rtol=0,
+        atol=0.02 * np.abs(x @ expected.T).max(),
+    )
 
 
 def test_bad_tensors_are_refused_with_a_reason(lib, tmp_path):
@@ -142,7 +154,11 @@ torch.save(out, sys.argv[-1] + ".pt")
 """
 
 # -march targets for the other kernel paths: the CPU flag each needs to run here, and the path it builds
-VARIANTS = {"skylake-avx512": ("avx512bw", "avx512bw"), "haswell": ("avx2", "avx2"), "x86-64-v2": ("sse4_2", "portable")}
+VARIANTS = {
+    "skylake-avx512": ("avx512bw", "avx512bw"),
+    "haswell": ("avx2", "avx2"),
+    "x86-64-v2": ("sse4_2", "portable"),
+}
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the kernel variants are x86's")
@@ -159,8 +175,9 @@ def test_every_kernel_path_this_cpu_can_run_computes_the_same_bits(lib, tmp_path
     def run(march: str | None) -> dict:
         env = {**os.environ, **({"LINGCODE_CPU_MARCH": march} if march else {})}
         out = tmp_path / f"{march}"
-        subprocess.run([sys.executable, "-c", VARIANT_SCRIPT, str(path), str(COLS), *specs, str(out)], env=env,
-                       check=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", VARIANT_SCRIPT, str(path), str(COLS), *specs, str(out)], env=env, check=True
+        )
         return torch.load(f"{out}.pt")
 
     host = run(None)

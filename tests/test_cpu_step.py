@@ -95,7 +95,9 @@ async def generate(engine, ids: list[int], speculation: str, max_tokens: int = 9
     engine.set_speculation(speculation)
     engine.reset_cache()
     out: list[int] = []
-    async for chunk in engine.generate(f"cpu-step-{speculation}", ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)):
+    async for chunk in engine.generate(
+        f"cpu-step-{speculation}", ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    ):
         out += chunk.token_ids
     return out
 
@@ -208,7 +210,7 @@ def test_the_step_threads_always_wake_each_other(engine):
 @pytest.mark.parametrize("prompt", PROMPTS)
 async def test_greedy_drafts_equal_plain_decoding_on_every_cpu_kernel_set(
     kernels, prompt, engine, torch_cpu_engine, f32_engine
-):  # fmt: skip
+):
     engine = {"native": engine, "torch": torch_cpu_engine, "torch-f32": f32_engine}[kernels]
     before = engine.stats()["accepted_draft_tokens"]
     try:

@@ -101,7 +101,11 @@ async def test_prefix_reuse_prefills_only_new_tokens(engine):
     first = chat_ids(engine, "What is the capital of France?")
     answer, last = await collect(scheduler, engine, "turn1", first, SamplingParams(max_tokens=8, **GREEDY))
     generated = engine.stats()["last_request"]["generated_tokens"]
-    follow = first + tok.encode(answer) + tok.encode("<|im_end|>\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
+    follow = (
+        first
+        + tok.encode(answer)
+        + tok.encode("<|im_end|>\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
+    )
     before = engine.stats()
     _, last = await collect(scheduler, engine, "turn2", follow, SamplingParams(max_tokens=4, **GREEDY))
     after = engine.stats()
@@ -157,7 +161,11 @@ async def test_abort_frees_the_engine_within_a_step(engine):
     scheduler = Scheduler(engine)
     ids = chat_ids(engine, "Write a long essay about the history of computing.")
     before = engine.stats()
-    async with aclosing(generate_text(scheduler, engine.info.tokenizer, "long", ids, SamplingParams(max_tokens=2000, ignore_eos=True, **GREEDY))) as stream:
+    async with aclosing(
+        generate_text(
+            scheduler, engine.info.tokenizer, "long", ids, SamplingParams(max_tokens=2000, ignore_eos=True, **GREEDY)
+        )
+    ) as stream:
         n = 0
         async for _ in stream:
             n += 1
@@ -181,7 +189,9 @@ async def test_scheduler_runs_in_order_and_drops_cancelled_waiters(engine):
     order: list[str] = []
 
     async def run(rid, tokens=3):
-        async for chunk in generate_text(scheduler, engine.info.tokenizer, rid, ids, dataclasses.replace(params, max_tokens=tokens)):
+        async for chunk in generate_text(
+            scheduler, engine.info.tokenizer, rid, ids, dataclasses.replace(params, max_tokens=tokens)
+        ):
             if chunk.finish_reason:
                 order.append(f"{rid}:{chunk.finish_reason}")
 
@@ -235,7 +245,9 @@ async def test_token_constraint_is_applied_every_step(engine):
     scheduler = Scheduler(engine)
     ids = chat_ids(engine, "Write a haiku about the sea.")
     constraint = DigitsThenStop(engine.info.tokenizer, eos_id=2)
-    text, last = await collect(scheduler, engine, "digits", ids, SamplingParams(max_tokens=20, constraint=constraint, **GREEDY))
+    text, last = await collect(
+        scheduler, engine, "digits", ids, SamplingParams(max_tokens=20, constraint=constraint, **GREEDY)
+    )
     assert len(text) == 3 and text.isdigit()
     assert last.finish_reason == "stop" and last.usage.completion_tokens == 4
 

@@ -74,8 +74,10 @@ def test_a_conversation_sends_the_child_only_its_new_ids(isolated, daemon):
         got = []
         for turn in range(3):
             got.append(ask(history))
-            history = history + [{"role": "assistant", "content": got[-1]},
-                                 {"role": "user", "content": f"Now make it take {turn + 3} numbers."}]  # fmt: skip
+            history = history + [
+                {"role": "assistant", "content": got[-1]},
+                {"role": "user", "content": f"Now make it take {turn + 3} numbers."},
+            ]
         got.append(ask([{"role": "user", "content": "Name three sorting algorithms."}]))
         got += [ask(history), ask(history), ask(history[:1])]
         answers[base] = got
@@ -90,11 +92,24 @@ def test_a_conversation_sends_the_child_only_its_new_ids(isolated, daemon):
 
 def test_a_forced_tool_call_is_constrained_in_the_child(isolated):
     _, url, token, _ = isolated
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=token)
-    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                           tools=tools, tool_choice="required", max_tokens=64, **GREEDY)  # fmt: skip
+    reply = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=tools,
+        tool_choice="required",
+        max_tokens=64,
+        **GREEDY,
+    )
     call = reply.choices[0].message.tool_calls[0]
     assert reply.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert set(json.loads(call.function.arguments)) == {"city"}
@@ -106,8 +121,13 @@ def test_the_daemon_checks_a_requests_grammar_without_torch(isolated):
     # for that cost its first constrained request ~1.2 s.
     process, url, token, _ = isolated
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=token)
-    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "A JSON object, please."}],
-                                           response_format={"type": "json_object"}, max_tokens=16, **GREEDY)  # fmt: skip
+    reply = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "A JSON object, please."}],
+        response_format={"type": "json_object"},
+        max_tokens=16,
+        **GREEDY,
+    )
     assert reply.choices[0].message.content.lstrip().startswith("{")
     assert "libtorch" not in Path(f"/proc/{process.pid}/maps").read_text()
 
@@ -115,10 +135,15 @@ def test_the_daemon_checks_a_requests_grammar_without_torch(isolated):
 def test_a_client_that_leaves_aborts_the_request_in_the_child(isolated):
     _, url, token, _ = isolated
     before = _stats(url, token)
-    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 2000, "ignore_eos": True,
-            "stream": True}  # fmt: skip
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"},
-                      timeout=60) as response:  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 2000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60
+    ) as response:
         for i, _ in enumerate(response.iter_lines()):
             if i == 4:
                 break

@@ -77,8 +77,9 @@ def in_process(engine, monkeypatch):
     """The daemon's app in this process on the real engine, and a switch that makes its forward pass
     raise on the Nth call from now (on the engine's worker thread, where real faults happen)."""
     app = create_app(Scheduler(engine), engine.info, TOKEN, model_id="m")
-    client = TestClient(app, base_url="http://localhost", headers={"Authorization": f"Bearer {TOKEN}"},
-                        raise_server_exceptions=False)  # fmt: skip
+    client = TestClient(
+        app, base_url="http://localhost", headers={"Authorization": f"Bearer {TOKEN}"}, raise_server_exceptions=False
+    )
     fault = {"at": None, "calls": 0}
 
     class FaultyStep:  # the engine's step (steps.py), raising when told
@@ -105,9 +106,13 @@ def in_process(engine, monkeypatch):
 
 def errors_metric(client: TestClient) -> float:
     families = text_string_to_metric_families(client.get("/metrics").text)
-    return sum(sample.value for family in families if family.name == "lingcode_generation_errors"
-               for sample in family.samples if sample.name.endswith("_total")
-               and sample.labels == {"route": "/v1/completions", "error": "EngineError"})  # fmt: skip
+    return sum(
+        sample.value
+        for family in families
+        if family.name == "lingcode_generation_errors"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels == {"route": "/v1/completions", "error": "EngineError"}
+    )
 
 
 def test_an_engine_exception_fails_the_request_cleanly_and_the_next_one_works(in_process, engine, monkeypatch):
@@ -186,16 +191,23 @@ def test_a_vanishingly_small_temperature_samples_the_most_likely_token(daemon):
     body = {"prompt": "The capital of France is", "max_tokens": 4}
     greedy = httpx.post(daemon.url + "/v1/completions", json={**body, "temperature": 0}, headers=headers, timeout=60)
     for temperature in (5e-324, 1e-300):
-        tiny = httpx.post(daemon.url + "/v1/completions", json={**body, "temperature": temperature, "seed": 1},
-                          headers=headers, timeout=60)  # fmt: skip
+        tiny = httpx.post(
+            daemon.url + "/v1/completions",
+            json={**body, "temperature": temperature, "seed": 1},
+            headers=headers,
+            timeout=60,
+        )
         assert tiny.status_code == 200, tiny.text
         assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
 
 
 # Fuzzing the routes that document their bodies since issue 8 (tests/test_fuzz.py) found these: each was
 # a 500, except the nameless tool_choice, which was answered as if no tool had been forced.
-WEATHER = {"name": "weather", "description": "The weather in a city.",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+WEATHER = {
+    "name": "weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 NO_FUNCTION = [{"id": "call_1", "type": "function"}]  # an earlier tool call without its function
 
 
@@ -206,17 +218,37 @@ def _session(daemon, headers) -> str:
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": True},
-         "tools"),
-        ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
-                          "tools": [WEATHER], "tool_choice": {"type": "tool"}}, "tool_choice"),
-        ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "assistant", "tool_calls": NO_FUNCTION},
-                                                                {"role": "user", "content": "hi"}]},
-         "messages[0].tool_calls[0].function"),
-        ("/v1/sessions/{session}/turns", {"max_tokens": 2, "messages": [{"role": "assistant", "tool_calls": [{}]}]},
-         "messages[0].tool_calls[0].function"),
+        (
+            "/v1/messages/count_tokens",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": True},
+            "tools",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [WEATHER],
+                "tool_choice": {"type": "tool"},
+            },
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "max_tokens": 2,
+                "messages": [{"role": "assistant", "tool_calls": NO_FUNCTION}, {"role": "user", "content": "hi"}],
+            },
+            "messages[0].tool_calls[0].function",
+        ),
+        (
+            "/v1/sessions/{session}/turns",
+            {"max_tokens": 2, "messages": [{"role": "assistant", "tool_calls": [{}]}]},
+            "messages[0].tool_calls[0].function",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_bodies_of_the_newer_routes_are_400s_in_their_apis_shape(daemon, path, body, param):
     headers = {"Authorization": f"Bearer {daemon.token}"}
     path = path.format(session=_session(daemon, headers) if "{session}" in path else "")
@@ -258,8 +290,11 @@ def test_a_number_python_cannot_hold_is_a_400_on_every_post_route(daemon, number
                 assert answer["type"] == "error" and error["type"] == "invalid_request_error", answer
             else:
                 assert error["type"] == "invalid_request_error", answer
-            assert ("5000 digits" in error["message"] or "5001 digits" in error["message"]
-                    or "too large to hold" in error["message"]), (path, error)  # fmt: skip
+            assert (
+                "5000 digits" in error["message"]
+                or "5001 digits" in error["message"]
+                or "too large to hold" in error["message"]
+            ), (path, error)
     assert daemon.process.poll() is None
 
 
@@ -289,13 +324,18 @@ def _raw(daemon, request: bytes) -> tuple[str, dict[str, str], bytes]:
         return _reply(conn)
 
 
-@pytest.mark.parametrize("length", [b"abc", b"-1", b"1, 2", b"0x10", b"9" * 5000, b""],
-                         ids=["abc", "negative", "two", "hex", "5000-digits", "empty"])
+@pytest.mark.parametrize(
+    "length",
+    [b"abc", b"-1", b"1, 2", b"0x10", b"9" * 5000, b""],
+    ids=["abc", "negative", "two", "hex", "5000-digits", "empty"],
+)
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/messages?beta=true"])
 def test_a_malformed_content_length_gets_the_apis_error_shape(daemon, length, path):
     """h11 refuses these before the app; uvicorn answered them in plain text (issue 18, minor)."""
-    request = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %s\r\n\r\n{}" % (path.encode(), daemon.token.encode(), length))  # fmt: skip
+    request = (
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %s\r\n\r\n{}" % (path.encode(), daemon.token.encode(), length)
+    )
     status, headers, body = _raw(daemon, request)
     assert status.startswith("HTTP/1.1 400"), status
     assert headers["content-type"] == "application/json" and headers["connection"] == "close"
@@ -390,37 +430,64 @@ def prompt_tokens(daemon, route: str, text: str) -> int:
     """The prompt's tokens on `route` for a chat whose user message and tool result both hold `text`."""
     openai_headers = {"Authorization": f"Bearer {daemon.token}"}
     anthropic_headers = {"x-api-key": daemon.token, "anthropic-version": "2023-06-01"}
-    chat = [{"role": "user", "content": "Read it: " + text}, {"role": "assistant", "content": "", "tool_calls": TOOL_CALL},
-            {"role": "tool", "tool_call_id": "c1", "content": text}]  # fmt: skip
-    anthropic_chat = [{"role": "user", "content": "Read it: " + text},
-                      {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "read_file", "input": {"path": "a.txt"}}]},
-                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": text}]}]  # fmt: skip
+    chat = [
+        {"role": "user", "content": "Read it: " + text},
+        {"role": "assistant", "content": "", "tool_calls": TOOL_CALL},
+        {"role": "tool", "tool_call_id": "c1", "content": text},
+    ]
+    anthropic_chat = [
+        {"role": "user", "content": "Read it: " + text},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "c1", "name": "read_file", "input": {"path": "a.txt"}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": text}]},
+    ]
     anthropic_tools = [{"name": "read_file", "input_schema": {"type": "object"}}]
     post = functools.partial(httpx.post, timeout=120)
     if route == "count_tokens":
-        response = post(daemon.url + "/v1/messages/count_tokens", headers=anthropic_headers,
-                        json={"model": "m", "messages": anthropic_chat, "tools": anthropic_tools})  # fmt: skip
+        response = post(
+            daemon.url + "/v1/messages/count_tokens",
+            headers=anthropic_headers,
+            json={"model": "m", "messages": anthropic_chat, "tools": anthropic_tools},
+        )
         return response.json()["input_tokens"]
     if route == "messages":
-        response = post(daemon.url + "/v1/messages", headers=anthropic_headers,
-                        json={"model": "m", "max_tokens": 1, "messages": anthropic_chat, "tools": anthropic_tools})  # fmt: skip
+        response = post(
+            daemon.url + "/v1/messages",
+            headers=anthropic_headers,
+            json={"model": "m", "max_tokens": 1, "messages": anthropic_chat, "tools": anthropic_tools},
+        )
         usage = response.json()["usage"]
         return usage["input_tokens"] + usage["cache_read_input_tokens"]
     if route == "chat":
-        response = post(daemon.url + "/v1/chat/completions", headers=openai_headers,
-                        json={"max_tokens": 1, "messages": chat, "tools": [READ_FILE]})  # fmt: skip
+        response = post(
+            daemon.url + "/v1/chat/completions",
+            headers=openai_headers,
+            json={"max_tokens": 1, "messages": chat, "tools": [READ_FILE]},
+        )
         return response.json()["usage"]["prompt_tokens"]
     if route == "responses":
-        items = [{"role": "user", "content": "Read it: " + text},
-                 {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": '{"path": "a.txt"}'},
-                 {"type": "function_call_output", "call_id": "c1", "output": text}]  # fmt: skip
-        response = post(daemon.url + "/v1/responses", headers=openai_headers,
-                        json={"max_output_tokens": 16, "input": items, "tools": [{"type": "function", **READ_FILE["function"]}]})  # fmt: skip
+        items = [
+            {"role": "user", "content": "Read it: " + text},
+            {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": '{"path": "a.txt"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": text},
+        ]
+        response = post(
+            daemon.url + "/v1/responses",
+            headers=openai_headers,
+            json={"max_output_tokens": 16, "input": items, "tools": [{"type": "function", **READ_FILE["function"]}]},
+        )
         return response.json()["usage"]["input_tokens"]
     # sessions: the history given at creation, then a turn that appends a tool result
-    created = post(daemon.url + "/v1/sessions", headers=openai_headers, json={"messages": chat[:2], "tools": [READ_FILE]})
-    turn = post(daemon.url + f"/v1/sessions/{created.json()['id']}/turns", headers=openai_headers,
-                json={"max_tokens": 1, "messages": chat[2:]})  # fmt: skip
+    created = post(
+        daemon.url + "/v1/sessions", headers=openai_headers, json={"messages": chat[:2], "tools": [READ_FILE]}
+    )
+    turn = post(
+        daemon.url + f"/v1/sessions/{created.json()['id']}/turns",
+        headers=openai_headers,
+        json={"max_tokens": 1, "messages": chat[2:]},
+    )
     return turn.json()["usage"]["prompt_tokens"]
 
 
@@ -481,9 +548,10 @@ def test_a_huge_head_is_refused_with_a_431_and_others_are_served_meanwhile(daemo
 def test_an_over_size_body_announced_with_expect_100_continue_is_refused_before_it_is_invited(daemon, path):
     """Issue 62, item 4: the daemon answered `100 Continue`, then the 413 after ~47 MB had come."""
     conn = _connect(daemon)
-    conn.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: %s\r\nContent-Type: application/json\r\n"
-                 b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n"
-                 % (path.encode(), daemon.token.encode()))  # fmt: skip
+    conn.sendall(
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: %s\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: 50000000\r\n\r\n" % (path.encode(), daemon.token.encode())
+    )
     status, headers, body = _reply(conn)  # the body is never sent: before the fix, this waited for it
     conn.close()
     assert status.startswith("HTTP/1.1 413"), status  # the first answer: no 100 Continue before it
@@ -496,9 +564,11 @@ def test_an_over_size_body_announced_with_expect_100_continue_is_refused_before_
     # A body within the limit is invited, then answered.
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
     with _connect(daemon) as conn:
-        conn.sendall(b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: %s\r\n"
-                     b"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
-                     % (daemon.token.encode(), len(body)))  # fmt: skip
+        conn.sendall(
+            b"POST /v1/messages/count_tokens HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: %s\r\n"
+            b"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+            % (daemon.token.encode(), len(body))
+        )
         assert conn.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n")
         conn.sendall(body)
         assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
@@ -557,7 +627,7 @@ async def _slow_stream_app(scope, receive, send):
     """An ASGI app for the connection layer's own tests: /stream sends an event every 0.25 s for 3 s
     (longer than every timeout under test); anything else answers at once."""
     if scope["type"] == "lifespan":
-        while (message := await receive())["type"] != "lifespan.shutdown":
+        while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
@@ -644,7 +714,9 @@ def test_the_timeouts_close_idle_and_slow_connections_but_never_cut_a_stream(sho
     assert json.loads(body)["error"]["type"] == "invalid_request_error"  # Anthropic's shape, by the path
     filler = b"a" * (60 * 1024)
     with _connect(short_timeouts) as conn:  # a head just under the limit, with its body, in one write
-        conn.sendall(b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX: %s\r\nContent-Length: 70000\r\n"
-                     b"Connection: close\r\n\r\n%s" % (filler, b"b" * 70000))  # fmt: skip
+        conn.sendall(
+            b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX: %s\r\nContent-Length: 70000\r\n"
+            b"Connection: close\r\n\r\n%s" % (filler, b"b" * 70000)
+        )
         status, _, body = _reply(conn)
     assert status.startswith("HTTP/1.1 200"), status

@@ -26,8 +26,14 @@ PROTOCOL = ["__init__", "data_received", "connection_made", "connection_lost", "
             "limit_concurrency", "app"]  # fmt: skip
 RELIED_ON = {
     h11_impl.H11Protocol: [*PROTOCOL, "handle_events", "conn"],
-    httptools_impl.HttpToolsProtocol: [*PROTOCOL, "on_message_begin", "on_headers_complete",
-                                       "on_message_complete", "url", "pipeline"],  # fmt: skip
+    httptools_impl.HttpToolsProtocol: [
+        *PROTOCOL,
+        "on_message_begin",
+        "on_headers_complete",
+        "on_message_complete",
+        "url",
+        "pipeline",
+    ],
     h11_impl.RequestResponseCycle: ["transport", "scope", "more_body", "response_complete"],
     httptools_impl.RequestResponseCycle: ["transport", "scope", "more_body", "response_complete"],
     h11.Connection: ["their_state", "trailing_data", "send"],

@@ -68,8 +68,7 @@ def fuzz(operation, mode: GenerationMode, auth: dict, new_session) -> None:
     examples = EXAMPLES_WITH_BODY if operation.body else EXAMPLES_WITHOUT
 
     @given(case=operation.as_strategy(generation_mode=mode), existing_session=st.booleans())
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def run(case, existing_session):
         short_generation(case.body, positive=mode is GenerationMode.POSITIVE)
         if existing_session and "session_id" in (case.path_parameters or {}):
@@ -99,12 +98,23 @@ def test_fuzz_every_operation_of_the_document(daemon, auth):
             except Exception as exc:  # collect: one report for every operation that failed, sub-exceptions too
                 failures.append(f"{operation.label} ({mode.value}):\n{''.join(traceback.format_exception(exc))}")
         fuzzed.append(operation.label)
-    assert {"POST /v1/chat/completions", "POST /v1/completions", "POST /v1/lingcode/complete", "POST /v1/sessions",
-            "POST /v1/sessions/{session_id}/turns", "POST /v1/messages", "POST /v1/messages/count_tokens",
-            "POST /v1/responses"} <= set(fuzzed)  # fmt: skip
+    assert {
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "POST /v1/lingcode/complete",
+        "POST /v1/sessions",
+        "POST /v1/sessions/{session_id}/turns",
+        "POST /v1/messages",
+        "POST /v1/messages/count_tokens",
+        "POST /v1/responses",
+    } <= set(fuzzed)
     document = httpx.get(daemon.url + "/openapi.json", headers=auth).json()
-    with_body = {f"{method.upper()} {path}" for path, operations in document["paths"].items()
-                 for method in operations if method in ("post", "put", "patch")}  # fmt: skip
+    with_body = {
+        f"{method.upper()} {path}"
+        for path, operations in document["paths"].items()
+        for method in operations
+        if method in ("post", "put", "patch")
+    }
     assert with_body <= set(fuzzed), with_body - set(fuzzed)
     assert not failures, "\n\n".join(failures)
     assert daemon.process.poll() is None  # and the daemon is still there
@@ -138,8 +148,13 @@ def test_every_route_that_takes_a_body_is_in_the_document(engine):
 
     app = create_app(Scheduler(engine), engine.info, "fuzz-token", model_id="m")
     paths = app.openapi()["paths"]
-    routes = [(method, route.path) for route in app.routes if isinstance(route, Route)
-              for method in route.methods or () if method in ("POST", "PUT", "PATCH")]  # fmt: skip
+    routes = [
+        (method, route.path)
+        for route in app.routes
+        if isinstance(route, Route)
+        for method in route.methods or ()
+        if method in ("POST", "PUT", "PATCH")
+    ]
     assert len(routes) >= 8
     missing = [f"{method} {path}" for method, path in routes if method.lower() not in paths.get(path, {})]
     assert not missing, f"routes with a body that the document (and so the fuzzer) leaves out: {missing}"
@@ -160,12 +175,15 @@ def test_a_prompt_without_a_known_token_is_a_400(daemon, auth):
     """The fuzzer found it: "\x16" has no token in SmolLM2's vocabulary, so the prompt was no ids
     at all and the engine's refusal came back as a 500."""
     for stream in (False, True):
-        response = httpx.post(daemon.url + "/v1/completions", json={"prompt": "\x16", "max_tokens": 4, "stream": stream},
-                              headers=auth)  # fmt: skip
+        response = httpx.post(
+            daemon.url + "/v1/completions", json={"prompt": "\x16", "max_tokens": 4, "stream": stream}, headers=auth
+        )
         error = response.json()["error"]
         assert response.status_code == 400 and error["param"] == "prompt" and "vocabulary" in error["message"], error
-    assert httpx.post(daemon.url + "/v1/completions", json={"prompt": "\x16a", "max_tokens": 4},
-                      headers=auth).status_code == 200  # fmt: skip
+    assert (
+        httpx.post(daemon.url + "/v1/completions", json={"prompt": "\x16a", "max_tokens": 4}, headers=auth).status_code
+        == 200
+    )
 
 
 def test_valid_generation_requests_are_always_answered(daemon, auth, engine):
@@ -176,8 +194,9 @@ def test_valid_generation_requests_are_always_answered(daemon, auth, engine):
     @given(body=fields)
     @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def run(body):
-        response = httpx.post(daemon.url + "/v1/completions", json={**body, "max_tokens": MAX_FUZZ_TOKENS},
-                              headers=auth, timeout=120)  # fmt: skip
+        response = httpx.post(
+            daemon.url + "/v1/completions", json={**body, "max_tokens": MAX_FUZZ_TOKENS}, headers=auth, timeout=120
+        )
         if isinstance(body["prompt"], str) and not engine.info.tokenizer.encode(body["prompt"]):
             assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
             return  # no token to start from (test_a_prompt_without_a_known_token_is_a_400)
@@ -189,23 +208,47 @@ def test_valid_generation_requests_are_always_answered(daemon, auth, engine):
     run()
 
 
-
 def test_special_token_text_in_messages_and_tool_results_is_counted_as_text(daemon, engine):
     """Issue 62: text from a client that spells control tokens, mixed with pieces of them, lingcode's
     own marks and any other text, adds exactly its plain-text tokens to the prompt, in a user
     message and in a tool result (count_tokens renders the chat as every route does)."""
     tok = engine.info.tokenizer
     specials = sorted(tok.hf.get_added_tokens_decoder()[i].content for i in tok.special_ids)
-    pieces = st.sampled_from([*specials, "<|", "|>", "im_start", "<tool_call>", "\n", " ", "x", "é", "🙂", "\U0010fffd",
-                              "\U000f0000", "\U000f0003"]) | st.text(max_size=3)  # fmt: skip
+    pieces = st.sampled_from(
+        [
+            *specials,
+            "<|",
+            "|>",
+            "im_start",
+            "<tool_call>",
+            "\n",
+            " ",
+            "x",
+            "é",
+            "🙂",
+            "\U0010fffd",
+            "\U000f0000",
+            "\U000f0003",
+        ]
+    ) | st.text(max_size=3)
     headers = {"x-api-key": daemon.token, "anthropic-version": "2023-06-01"}
 
     def count(text: str) -> int:
-        messages = [{"role": "user", "content": text},
-                    {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "read_file", "input": {}}]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": text}]}]  # fmt: skip
-        response = httpx.post(daemon.url + "/v1/messages/count_tokens", headers=headers, timeout=60, json={
-            "model": "m", "messages": messages, "tools": [{"name": "read_file", "input_schema": {"type": "object"}}]})  # fmt: skip
+        messages = [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "read_file", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": text}]},
+        ]
+        response = httpx.post(
+            daemon.url + "/v1/messages/count_tokens",
+            headers=headers,
+            timeout=60,
+            json={
+                "model": "m",
+                "messages": messages,
+                "tools": [{"name": "read_file", "input_schema": {"type": "object"}}],
+            },
+        )
         assert response.status_code == 200, response.text
         return response.json()["input_tokens"]
 
@@ -258,18 +301,27 @@ def test_fuzzed_request_heads_get_the_right_answer_in_the_apis_shape(daemon):
 
     host, port = daemon.url.removeprefix("http://").split(":")
 
-    @given(path=st.sampled_from(["/v1/completions", "/v1/messages/count_tokens", "/health"]),
-           filler=st.integers(0, 3 * HEAD_BYTES) | st.integers(HEAD_BYTES - 2048, HEAD_BYTES + 2048),
-           hosts=st.sampled_from(sorted(HOST_HEADERS)), expect=st.booleans(), over=st.booleans(),
-           pieces=st.integers(1, 6), seed=st.randoms(use_true_random=False))  # fmt: skip
+    @given(
+        path=st.sampled_from(["/v1/completions", "/v1/messages/count_tokens", "/health"]),
+        filler=st.integers(0, 3 * HEAD_BYTES) | st.integers(HEAD_BYTES - 2048, HEAD_BYTES + 2048),
+        hosts=st.sampled_from(sorted(HOST_HEADERS)),
+        expect=st.booleans(),
+        over=st.booleans(),
+        pieces=st.integers(1, 6),
+        seed=st.randoms(use_true_random=False),
+    )
     @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def run(path, filler, hosts, expect, over, pieces, seed):
         method = b"GET" if path == "/health" else b"POST"
         unasked = over and expect  # a body over the limit that waits to be asked for: it never is
         length = MAX_BODY_BYTES + 1 if unasked else len(COUNT_BODY)
-        lines = [b"%s %s HTTP/1.1" % (method, path.encode()), *HOST_HEADERS[hosts],
-                 b"x-api-key: " + daemon.token.encode(), b"Content-Type: application/json",
-                 b"X-Filler: " + b"f" * filler]  # fmt: skip
+        lines = [
+            b"%s %s HTTP/1.1" % (method, path.encode()),
+            *HOST_HEADERS[hosts],
+            b"x-api-key: " + daemon.token.encode(),
+            b"Content-Type: application/json",
+            b"X-Filler: " + b"f" * filler,
+        ]
         if method == b"POST":
             lines.append(b"Content-Length: %d" % length)
             if expect:

@@ -216,7 +216,9 @@ def test_overlapped_launches_change_no_bit(triton_engine):
     assert triton_engine.step.runner.step.pdl  # the engine's default where it is supported
     ids = (chat_ids(triton_engine, PROMPTS[0]) * 100)[:2000]
     options = {"pdl": False, "weights": triton_engine.step.runner.step.weights}  # the engine's: the GGUF's blocks
-    serial = GraphRunner(model, widths=(1, 4), kernels="triton", triton_options=options)  # the same cache buckets: the same splits
+    serial = GraphRunner(
+        model, widths=(1, 4), kernels="triton", triton_options=options
+    )  # the same cache buckets: the same splits
     runners = {"pdl": triton_engine.step.runner, "serial": serial}
     try:
         with torch.inference_mode():

@@ -39,19 +39,35 @@ def test_repacked_blocks_are_gguf_s_weights(fmt):
 
 
 def test_a_qwen2_file_s_matrices_are_repacked_as_load_checkpoint_reads_them(tmp_path):
-    cfg = ModelConfig(n_layers=2, dim=256, ffn_dim=768, n_heads=6, n_kv_heads=1, vocab_size=300, context_length=256,
-                      tied_embeddings=False, arch="qwen2", head_dim=64)  # fmt: skip
-    layers = [dict(wq="Q4_K", wk="Q4_K", wv="Q6_K", wo="Q5_0", w_gate="Q4_K", w_up="F32", w_down="Q6_K"),
-              dict(wq="Q5_0", wk="Q5_0", wv="Q8_0", wo="Q4_1", w_gate="Q4_0", w_up="Q5_1", w_down="Q5_K")]  # fmt: skip
+    cfg = ModelConfig(
+        n_layers=2,
+        dim=256,
+        ffn_dim=768,
+        n_heads=6,
+        n_kv_heads=1,
+        vocab_size=300,
+        context_length=256,
+        tied_embeddings=False,
+        arch="qwen2",
+        head_dim=64,
+    )
+    layers = [
+        dict(wq="Q4_K", wk="Q4_K", wv="Q6_K", wo="Q5_0", w_gate="Q4_K", w_up="F32", w_down="Q6_K"),
+        dict(wq="Q5_0", wk="Q5_0", wv="Q8_0", wo="Q4_1", w_gate="Q4_0", w_up="Q5_1", w_down="Q5_K"),
+    ]
     top = {"output": "Q6_K", "tok_embeddings": "Q4_K"}
-    checkpoint = load_checkpoint(write_gguf(tmp_path / "m.gguf", cfg, lambda i, n: top[n] if i is None else layers[i][n]))
+    checkpoint = load_checkpoint(
+        write_gguf(tmp_path / "m.gguf", cfg, lambda i, n: top[n] if i is None else layers[i][n])
+    )
     packed = gpu_blocks.pack_checkpoint(checkpoint, "cpu")
     assert "layers.0.w_up" not in packed  # F32: read dense from the model
     assert len(packed) == 2 * 7 - 1 + 1
     for name, matrix in packed.items():
         assert torch.equal(gpu_blocks.dequantize(matrix), checkpoint.weights[name]), name
     tied = ModelConfig(**{**cfg.__dict__, "tied_embeddings": True})
-    checkpoint = load_checkpoint(write_gguf(tmp_path / "t.gguf", tied, lambda i, n: top[n] if i is None else layers[i][n]))
+    checkpoint = load_checkpoint(
+        write_gguf(tmp_path / "t.gguf", tied, lambda i, n: top[n] if i is None else layers[i][n])
+    )
     head = gpu_blocks.pack_checkpoint(checkpoint, "cpu")["output"]  # the embeddings' blocks
     assert head.format == "Q4_K" and torch.equal(gpu_blocks.dequantize(head), checkpoint.weights["tok_embeddings"])
 

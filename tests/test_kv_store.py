@@ -106,6 +106,7 @@ async def test_a_retried_prompt_saves_nothing(engine):
     (prompt and answer, every layer) delayed the retry's first token; nothing is saved."""
     prompt = engine.info.tokenizer.encode("Write a limerick about a cache.")
     long_answer = SamplingParams(max_tokens=3 * len(prompt) + 32, temperature=0, ignore_eos=True)
+    before = None
     for attempt in range(3):
         async for _ in engine.generate(f"retry-{attempt}", prompt, long_answer):
             pass
@@ -149,8 +150,12 @@ def test_store_is_bounded_lru_and_restores_exact_values():
 
 
 @settings(deadline=None)  # outcomes, not wall time: a loaded 2-core machine once took 232 ms for one example
-@given(st.lists(st.integers(0, 3), max_size=400), st.integers(0, 400), st.lists(st.integers(0, 3), max_size=80),
-       st.booleans())  # fmt: skip
+@given(
+    st.lists(st.integers(0, 3), max_size=400),
+    st.integers(0, 400),
+    st.lists(st.integers(0, 3), max_size=80),
+    st.booleans(),
+)
 def test_common_prefix_counts_the_shared_start_of_lists_and_tuples(a, keep, tail, as_tuple):
     b = a[:keep] + tail
     shared = 0
@@ -208,14 +213,20 @@ def _mark(ids) -> float:
 
 
 def _holds(fake: _Engine, ids, start: int = 0) -> bool:
-    return all(c.k[0, 0, p, 0].item() == _mark(ids[: p + 1]) and c.v[0, 0, p, 0].item() == -_mark(ids[: p + 1])
-               for c in fake.layers for p in range(start, len(ids)))  # fmt: skip
+    return all(
+        c.k[0, 0, p, 0].item() == _mark(ids[: p + 1]) and c.v[0, 0, p, 0].item() == -_mark(ids[: p + 1])
+        for c in fake.layers
+        for p in range(start, len(ids))
+    )
 
 
 @settings(deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 60), st.integers(1, 30), st.integers(0, 9)),
-                min_size=1, max_size=12),
-       st.integers(60, 400))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 60), st.integers(1, 30), st.integers(0, 9)), min_size=1, max_size=12
+    ),
+    st.integers(60, 400),
+)
 def test_whatever_comes_the_store_and_cache_hold_what_they_claim(requests, budget_tokens):
     """Requests of a few conversations (each extending its own earlier prompt, or starting over), of
     random lengths; each writes its prompt, answer and padding past them up to its reach, as a step

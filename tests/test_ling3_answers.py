@@ -46,8 +46,18 @@ import sglang_wire as wire
 
 ORACLE = Path(__file__).with_name("sglang_ling3_oracle.py")
 EOS = "<|role_end|>"
-TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-        "<role>", "</role>"]  # fmt: skip
+TAGS = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "<role>",
+    "</role>",
+]
 
 TEMPLATE = (
     "{%- if enable_thinking is defined %}{% set thinking_option = 'on' if enable_thinking else 'off' %}"
@@ -75,15 +85,25 @@ TEMPLATE = (
     "{%- endif %}"
 )
 
-WEATHER = {"name": "get_weather", "description": "The weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}  # fmt: skip
-FILES = {"name": "list_files", "description": "The files under a path",
-         "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "recursive": {"type": "boolean"}}}}  # fmt: skip
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}},
+}
+FILES = {
+    "name": "list_files",
+    "description": "The files under a path",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "recursive": {"type": "boolean"}}},
+}
 TOOLS = [WEATHER, FILES]
 
 
 def call(name: str, **args) -> str:
-    return f"<tool_call>{name}\n" + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args.items()) + "</tool_call>"
+    return (
+        f"<tool_call>{name}\n"
+        + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in args.items())
+        + "</tool_call>"
+    )
 
 
 PARIS, SRC = call("get_weather", city="Paris", days=3), call("list_files", path="src/", recursive="true")
@@ -144,7 +164,9 @@ def model_dir(tmp_path_factory) -> Path:
     tokenizer.add_tokens([AddedToken(tag, normalized=False) for tag in TAGS])
     tokenizer.add_special_tokens([EOS])
     tokenizer.save(str(path / "tokenizer.json"))
-    (path / "config.json").write_text(json.dumps({"architectures": ["BailingMoeV3ForCausalLM"], "max_position_embeddings": 32768}))
+    (path / "config.json").write_text(
+        json.dumps({"architectures": ["BailingMoeV3ForCausalLM"], "max_position_embeddings": 32768})
+    )
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS, "chat_template": TEMPLATE}))
     return path
 
@@ -169,10 +191,24 @@ def daemon(model_dir, replay, tmp_path_factory):
     """`lingcode serve --engine sglang` attached to the replay server: (url, token)."""
     home = tmp_path_factory.mktemp("home")
     log = home / "daemon.log"
-    command = [sys.executable, "-m", "lingcode", "serve", "--engine", "sglang", "--engine-url", replay.url,
-               "--model", str(model_dir), "--port", "0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "lingcode",
+        "serve",
+        "--engine",
+        "sglang",
+        "--engine-url",
+        replay.url,
+        "--model",
+        str(model_dir),
+        "--port",
+        "0",
+    ]
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, env={**os.environ, "LINGCODE_HOME": str(home)}, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env={**os.environ, "LINGCODE_HOME": str(home)}, stdout=out, stderr=subprocess.STDOUT
+        )
     record = home / "state" / "daemon.json"
     try:
         wait_for_file(record, process, log)
@@ -223,9 +259,18 @@ def plan(case: Case, seed: int, tokenizer: Tokenizer) -> tuple[list[bytes], list
 def oracle(tokenizer) -> dict[tuple[str, int], dict]:
     """SGLang's answers for every case and chunking, from one child process."""
     keys = [(case, seed) for case in CORPUS for seed in SEEDS]
-    cases = [{"deltas": plan(case, seed, tokenizer)[1], "thinking": case.thinking, "tools": TOOLS if case.tools else [],
-              "finish": case.finish} for case, seed in keys]  # fmt: skip
-    done = subprocess.run([sys.executable, str(ORACLE)], input=json.dumps(cases), capture_output=True, text=True, timeout=300)
+    cases = [
+        {
+            "deltas": plan(case, seed, tokenizer)[1],
+            "thinking": case.thinking,
+            "tools": TOOLS if case.tools else [],
+            "finish": case.finish,
+        }
+        for case, seed in keys
+    ]
+    done = subprocess.run(
+        [sys.executable, str(ORACLE)], input=json.dumps(cases), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return {(case.name, seed): answer for (case, seed), answer in zip(keys, json.loads(done.stdout))}
 
@@ -256,12 +301,22 @@ def expected(case: Case, answer: dict) -> tuple:
 def openai_chat(client: openai.OpenAI, case: Case, seed: int, max_tokens: int, stream: bool) -> Answer:
     switch = {}
     if not case.thinking:
-        switch = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}} if seed == 0 else {"reasoning_effort": "none"}
+        switch = (
+            {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+            if seed == 0
+            else {"reasoning_effort": "none"}
+        )
     elif seed == 1:
         switch = {"extra_body": {"chat_template_kwargs": {"enable_thinking": True}}}
     tools = {"tools": [{"type": "function", "function": t} for t in TOOLS]} if case.tools else {}
-    reply = client.chat.completions.create(model="ling-3", messages=[{"role": "user", "content": "Question?"}],
-                                           max_tokens=max_tokens, stream=stream, **tools, **switch)  # fmt: skip
+    reply = client.chat.completions.create(
+        model="ling-3",
+        messages=[{"role": "user", "content": "Question?"}],
+        max_tokens=max_tokens,
+        stream=stream,
+        **tools,
+        **switch,
+    )
     if not stream:
         message = reply.choices[0].message
         calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
@@ -286,9 +341,17 @@ def anthropic_messages(client: anthropic.Anthropic, case: Case, seed: int, max_t
         switch = {"thinking": {"type": "disabled"}}
     elif seed == 1:
         switch = {"thinking": {"type": "enabled", "budget_tokens": 2048}}
-    tools = {"tools": [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in TOOLS]}
-    reply = client.messages.create(model="claude-ling", messages=[{"role": "user", "content": "Question?"}],
-                                   max_tokens=max_tokens, stream=stream, **(tools if case.tools else {}), **switch)  # fmt: skip
+    tools = {
+        "tools": [{"name": t["name"], "description": t["description"], "input_schema": t["parameters"]} for t in TOOLS]
+    }
+    reply = client.messages.create(
+        model="claude-ling",
+        messages=[{"role": "user", "content": "Question?"}],
+        max_tokens=max_tokens,
+        stream=stream,
+        **(tools if case.tools else {}),
+        **switch,
+    )
     answer = Answer()
     if not stream:
         for block in reply.content:
@@ -318,12 +381,17 @@ def anthropic_messages(client: anthropic.Anthropic, case: Case, seed: int, max_t
 def responses(client: openai.OpenAI, case: Case, seed: int, max_tokens: int, stream: bool) -> Answer:
     switch = {}
     if not case.thinking:
-        switch = {"reasoning": {"effort": "none"}} if seed == 0 else {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+        switch = (
+            {"reasoning": {"effort": "none"}}
+            if seed == 0
+            else {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}
+        )
     elif seed == 1:
         switch = {"reasoning": {"effort": "high"}}
     tools = {"tools": [{"type": "function", **t} for t in TOOLS]} if case.tools else {}
-    reply = client.responses.create(model="ling-3", input="Question?", max_output_tokens=max_tokens, stream=stream,
-                                    **tools, **switch)  # fmt: skip
+    reply = client.responses.create(
+        model="ling-3", input="Question?", max_output_tokens=max_tokens, stream=stream, **tools, **switch
+    )
     answer = Answer()
     if not stream:
         for item in reply.output:
@@ -351,8 +419,10 @@ def responses(client: openai.OpenAI, case: Case, seed: int, max_tokens: int, str
 @pytest.fixture(scope="module")
 def clients(daemon):
     url, token = daemon
-    return (openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=60),
-            anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=60))  # fmt: skip
+    return (
+        openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=60),
+        anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=60),
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -363,12 +433,18 @@ def test_answers_are_sglangs(case, seed, clients, replay, tokenizer, oracle):
     replay.generate = lambda rid, body: events
     max_tokens = n_tokens if case.finish == "length" else 1024
     sglang = oracle[(case.name, seed)]
-    for api, ask, client in (("openai chat", openai_chat, chat), ("anthropic messages", anthropic_messages, messages),
-                             ("responses", responses, chat)):  # fmt: skip
+    for api, ask, client in (
+        ("openai chat", openai_chat, chat),
+        ("anthropic messages", anthropic_messages, messages),
+        ("responses", responses, chat),
+    ):
         for stream in (False, True):
             got = ask(client, case, seed, max_tokens, stream)
             prompt = tokenizer.decode(replay.requests[-1]["input_ids"], skip_special_tokens=False)
-            assert prompt.endswith("<role>ASSISTANT</role>\n<think>" + ("" if case.thinking else "</think>")), (api, prompt[-80:])
+            assert prompt.endswith("<role>ASSISTANT</role>\n<think>" + ("" if case.thinking else "</think>")), (
+                api,
+                prompt[-80:],
+            )
             want = expected(case, sglang["stream" if stream else "whole"])
             assert got.compared() == want, f"{api}, {'streamed' if stream else 'whole'}"
 
@@ -380,10 +456,18 @@ def test_the_corpus_covers_what_sglang_treats_apart(oracle):
     only = "only thinking, cut off"
     assert whole[only]["reasoning"] == "" and whole[only]["content"].startswith("Let me think")  # the fallback
     assert stream[only]["reasoning"] == stream[only]["content"]  # streamed: reasoning, then the same as answer
-    assert whole["<think></think> then the answer"] == {"reasoning": "", "content": "Plain answer without reasoning.", "calls": []}
-    assert whole["call without </think>"]["calls"] and whole["two calls without </think>"]["calls"][1][0] == "list_files"
+    assert whole["<think></think> then the answer"] == {
+        "reasoning": "",
+        "content": "Plain answer without reasoning.",
+        "calls": [],
+    }
+    assert (
+        whole["call without </think>"]["calls"] and whole["two calls without </think>"]["calls"][1][0] == "list_files"
+    )
     # thinking off: the output is the answer from its first token, unless the model opens a block itself
-    assert [c.name for c in CORPUS if not c.thinking and whole[c.name]["reasoning"]] == ["thinking off, yet a <think> block of its own"]
+    assert [c.name for c in CORPUS if not c.thinking and whole[c.name]["reasoning"]] == [
+        "thinking off, yet a <think> block of its own"
+    ]
 
 
 def post(daemon, path: str, body: dict) -> httpx.Response:
@@ -397,8 +481,15 @@ def test_ling3s_own_thinking_option(daemon, replay, tokenizer):
     stream this answer as reasoning)."""
     events, _, _ = plan(Case("x", "No thinking here."), 0, tokenizer)
     replay.generate = lambda rid, body: events
-    reply = post(daemon, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Q"}], "stream": True,
-                                                  "chat_template_kwargs": {"thinking_option": "off"}})  # fmt: skip
+    reply = post(
+        daemon,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "Q"}],
+            "stream": True,
+            "chat_template_kwargs": {"thinking_option": "off"},
+        },
+    )
     prompt = tokenizer.decode(replay.requests[-1]["input_ids"], skip_special_tokens=False)
     assert "detailed thinking off" in prompt and prompt.endswith("<think></think>")
     chunks = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")]
@@ -414,16 +505,19 @@ def test_count_tokens_renders_the_thinking_switch(daemon):
     assert off == on + 2  # "off" is a byte longer than "on" (a token a byte here), and `</think>` is one token
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/chat/completions", {"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
-    ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs"),
-    ("/v1/chat/completions", {"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
-    ("/v1/chat/completions", {"reasoning_effort": "extreme"}, "reasoning_effort"),
-    ("/v1/responses", {"reasoning": {"effort": "max"}}, "reasoning.effort"),
-    ("/v1/messages", {"thinking": {"type": "enabled"}}, "thinking"),
-    ("/v1/messages", {"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens"),
-    ("/v1/messages", {"thinking": {"type": "disabled", "budget_tokens": 2048}}, "thinking"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/chat/completions", {"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs"),
+        ("/v1/chat/completions", {"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+        ("/v1/chat/completions", {"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ("/v1/responses", {"reasoning": {"effort": "max"}}, "reasoning.effort"),
+        ("/v1/messages", {"thinking": {"type": "enabled"}}, "thinking"),
+        ("/v1/messages", {"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens"),
+        ("/v1/messages", {"thinking": {"type": "disabled", "budget_tokens": 2048}}, "thinking"),
+    ],
+)
 def test_bad_thinking_switches_are_400s_that_name_the_field(daemon, path, body, param):
     base = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Q"}]}
     if path == "/v1/responses":
@@ -441,11 +535,13 @@ def test_the_server_code_the_oracle_mirrors_is_still_sglangs():
 
     root = Path(importlib.util.find_spec("sglang").origin).parent / "srt"
     chat = (root / "entrypoints" / "openai" / "serving_chat.py").read_text()
-    for line in ("reasoning_text, text = parser.parse_non_stream(text)",
-                 'if finish_reason_type is not None and finish_reason_type != "abort":',
-                 "end_reasoning_text, end_normal_text = reasoning_parser.parse_stream_end()",
-                 'if mode in ("thinking", "enable_thinking"):',
-                 "chat_template_kwargs[toggle_param] = enabled"):  # fmt: skip
+    for line in (
+        "reasoning_text, text = parser.parse_non_stream(text)",
+        'if finish_reason_type is not None and finish_reason_type != "abort":',
+        "end_reasoning_text, end_normal_text = reasoning_parser.parse_stream_end()",
+        'if mode in ("thinking", "enable_thinking"):',
+        "chat_template_kwargs[toggle_param] = enabled",
+    ):
         assert line in chat, line
     parsers = (root / "parser" / "reasoning_parser.py").read_text()
     assert '"ling3": Ling3Detector,' in parsers and 'reasoning_default="enable_thinking"' in parsers

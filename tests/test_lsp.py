@@ -39,9 +39,13 @@ async def start_lsp(
         server_env={**os.environ, "LINGCODE_HOME": str(home)},
     )
     client = await config.start()
-    result = await client.initialize_session(types.InitializeParams(
-        capabilities=client_capabilities(editor), root_uri=ROOT.as_uri(), initialization_options=options,
-    ))  # fmt: skip
+    result = await client.initialize_session(
+        types.InitializeParams(
+            capabilities=client_capabilities(editor),
+            root_uri=ROOT.as_uri(),
+            initialization_options=options,
+        )
+    )
     return client, result
 
 
@@ -94,8 +98,9 @@ def open_document(client: LanguageClient, text: str) -> str:
 
 def type_text(client: LanguageClient, uri: str, at: types.Position, text: str, version: int) -> None:
     change = types.TextDocumentContentChangePartial(range=types.Range(at, at), text=text)
-    client.text_document_did_change(types.DidChangeTextDocumentParams(
-        types.VersionedTextDocumentIdentifier(uri=uri, version=version), [change]))  # fmt: skip
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri=uri, version=version), [change])
+    )
 
 
 def inline_params(uri: str, at: types.Position) -> types.InlineCompletionParams:
@@ -138,7 +143,8 @@ async def test_a_completion_item_holds_the_same_suggestion(lsp):
     uri = open_document(lsp, PYTHON)
     [inline] = await suggestions(lsp, uri, MID_LINE)
     result = await lsp.text_document_completion_async(
-        types.CompletionParams(types.TextDocumentIdentifier(uri), MID_LINE))
+        types.CompletionParams(types.TextDocumentIdentifier(uri), MID_LINE)
+    )
     assert result.is_incomplete and len(result.items) == 1
     item = result.items[0]
     assert item.text_edit.new_text == inline  # no word before the cursor: the suggestion itself
@@ -150,7 +156,8 @@ async def test_with_a_popup_item_selected_the_suggestion_extends_it(lsp):
     selected = types.SelectedCompletionInfo(range=types.Range(MID_LINE, MID_LINE), text="name")
     context = types.InlineCompletionContext(types.InlineCompletionTriggerKind.Automatic, selected)
     result = await lsp.text_document_inline_completion_async(
-        types.InlineCompletionParams(context, types.TextDocumentIdentifier(uri), MID_LINE))
+        types.InlineCompletionParams(context, types.TextDocumentIdentifier(uri), MID_LINE)
+    )
     assert len(result.items) == 1
     item = result.items[0]
     assert item.insert_text.startswith("name") and item.range == selected.range
@@ -204,8 +211,11 @@ async def test_typing_one_character_prefills_only_the_tail(lsp):
 async def test_did_change_is_handled_and_cancel_reaches_the_engine(lsp, api):
     uri = open_document(lsp, COUNTING)
     before = await lsp_stats(lsp)
-    request = asyncio.ensure_future(lsp.protocol.send_request_async(
-        types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, COUNTING_END), msg_id="long-one"))  # fmt: skip
+    request = asyncio.ensure_future(
+        lsp.protocol.send_request_async(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, COUNTING_END), msg_id="long-one"
+        )
+    )
     await wait_engine(api, running=True)
     # While the completion runs: an edit is applied and another request is answered.
     type_text(lsp, uri, types.Position(0, 0), "# numbers\n", version=2)
@@ -276,8 +286,19 @@ def test_bench_lsp_replays_keystrokes_and_writes_its_table(daemon, tmp_path):
     import subprocess
 
     env = {**os.environ, "LINGCODE_HOME": str(daemon.home)}
-    command = [sys.executable, "-m", "lingcode", "bench", "lsp", "--chars", "4", "--start-line", "10",
-               "--out", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "lingcode",
+        "bench",
+        "lsp",
+        "--chars",
+        "4",
+        "--start-line",
+        "10",
+        "--out",
+        str(tmp_path),
+    ]
     # A daemon is running (the session's): measuring it needs saying so, as its options are its own.
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "already running" in refused.stderr and "Traceback" not in refused.stderr
@@ -292,8 +313,9 @@ def test_bench_lsp_replays_keystrokes_and_writes_its_table(daemon, tmp_path):
     table = (tmp_path / "lsp.md").read_text()
     assert "typed-ahead hits" in table and "tokens prefilled per engine call" in table
 
-    missing = subprocess.run([*command[:5], "--file", str(tmp_path / "nope.py"), "--reuse-daemon"], env=env, capture_output=True,
-                             text=True)  # fmt: skip
+    missing = subprocess.run(
+        [*command[:5], "--file", str(tmp_path / "nope.py"), "--reuse-daemon"], env=env, capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "is not a file" in missing.stderr and "Traceback" not in missing.stderr
 
 
@@ -308,12 +330,20 @@ def test_the_early_initialize_answer_is_pygls_own(editor):
     from pygls.protocol import default_converter
 
     capabilities = default_converter().unstructure(client_capabilities(editor))
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                  "params": {"processId": None, "rootUri": ROOT.as_uri(), "capabilities": capabilities}}  # fmt: skip
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"processId": None, "rootUri": ROOT.as_uri(), "capabilities": capabilities},
+    }
     answers, logs = [], []
     for before in ([], [{"jsonrpc": "2.0", "method": "$/setTrace", "params": {"value": "off"}}]):
-        proc = subprocess.Popen([sys.executable, "-m", "lingcode", "lsp", "--no-start"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lingcode", "lsp", "--no-start"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for message in [*before, initialize, {"jsonrpc": "2.0", "id": 2, "method": "shutdown"}]:
             send(proc, message)
         messages = [receive(proc), receive(proc)]

@@ -33,8 +33,11 @@ def test_neovim_gets_an_inline_completion_from_lingcode(daemon, tmp_path):
     line, col = 6, len("    print(greet(")  # between "(" and ")"
     run = subprocess.run(
         [nvim, "--headless", "--clean", "-l", str(SCRIPT), sys.executable, str(source), str(line), str(col), str(out)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
     assert result["version"].startswith("0.11"), result

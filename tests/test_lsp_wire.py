@@ -39,9 +39,12 @@ class RawLsp:
 
     def __init__(self, home):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lingcode", "lsp", "--no-start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=open(home / "lsp.log", "wb"), env={**os.environ, "LINGCODE_HOME": str(home)},
-        )  # fmt: skip
+            [sys.executable, "-m", "lingcode", "lsp", "--no-start"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(home / "lsp.log", "wb"),
+            env={**os.environ, "LINGCODE_HOME": str(home)},
+        )
         self.log_path = home / "lsp.log"
         self.received: queue.Queue[dict | None] = queue.Queue()
         self.notifications: list[dict] = []
@@ -133,7 +136,7 @@ def test_garbage_before_initialize_is_skipped_and_initialize_is_answered(lsp):
 def test_malformed_messages_are_dropped_answered_where_they_can_be_and_the_server_goes_on(lsp):
     initialize(lsp)
     lsp.send(b"Content-Length: 0\r\n\r\n")  # an empty body
-    lsp.send(b"Content-Length: 7\r\n\r\n{\"a\": [")  # JSON cut short
+    lsp.send(b'Content-Length: 7\r\n\r\n{"a": [')  # JSON cut short
     lsp.send(frame([1, 2, 3]))  # JSON, but a batch: no JSON-RPC 2.0 message
     lsp.send(frame({"hello": "world"}))
     lsp.send(frame({"jsonrpc": "1.0", "id": "old", "method": "initialize"}))
@@ -184,11 +187,14 @@ def test_an_integer_past_pythons_limit_is_answered_with_an_error(lsp):
     """json.loads refuses an int of over 4,300 digits; the request was dropped unanswered (issue 18, item 5)."""
     initialize(lsp)
     digits = "9" * 5000
-    for request_id, params in ((51, f'{{"textDocument": {{"uri": "file:///a.py"}}, "position": {{"line": {digits}, '
-                                    '"character": 0}}'),
-                               ("s", f'[{digits}]')):  # fmt: skip
-        body = f'{{"jsonrpc": "2.0", "id": {json.dumps(request_id)}, "method": "textDocument/completion", ' \
-               f'"params": {params}}}'.encode()
+    for request_id, params in (
+        (51, f'{{"textDocument": {{"uri": "file:///a.py"}}, "position": {{"line": {digits}, "character": 0}}}}'),
+        ("s", f"[{digits}]"),
+    ):
+        body = (
+            f'{{"jsonrpc": "2.0", "id": {json.dumps(request_id)}, "method": "textDocument/completion", '
+            f'"params": {params}}}'.encode()
+        )
         lsp.send(b"Content-Length: %d\r\n\r\n" % len(body) + body)
         error = lsp.answer(request_id)["error"]
         assert error["code"] == INVALID_PARAMS and "5000 digits" in error["message"]
@@ -232,14 +238,25 @@ METHODS = ["initialize", "initialized", "textDocument/didOpen", "textDocument/di
            "textDocument/didClose", "textDocument/completion", "textDocument/inlineCompletion", "lingcode/stats",
            "$/cancelRequest", "$/setTrace", "workspace/didChangeConfiguration", "textDocument/hover"]  # fmt: skip
 # LSP notifications: handled as such even when a client sends one with an id (pygls does), so not answered.
-NOTIFICATIONS = {"initialized", "textDocument/didOpen", "textDocument/didChange", "textDocument/didSave",
-                 "textDocument/didClose", "$/cancelRequest", "$/setTrace", "workspace/didChangeConfiguration"}  # fmt: skip
+NOTIFICATIONS = {
+    "initialized",
+    "textDocument/didOpen",
+    "textDocument/didChange",
+    "textDocument/didSave",
+    "textDocument/didClose",
+    "$/cancelRequest",
+    "$/setTrace",
+    "workspace/didChangeConfiguration",
+}
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
-)  # fmt: skip
+)
 
 
 @st.composite
@@ -253,14 +270,23 @@ def messages(draw, uris: list[str]) -> tuple[bytes, str | None]:
     method = draw(st.sampled_from(METHODS) | st.text(max_size=12))
     uri = draw(st.sampled_from(uris) | st.text(max_size=12))
     position = {"line": draw(st.integers(-5, 2**33)), "character": draw(st.integers(-5, 2**33))}
-    document = {"uri": uri, "languageId": "python", "version": draw(st.integers(-5, 2**33)),
-                "text": draw(st.text(max_size=40))}  # fmt: skip
+    document = {
+        "uri": uri,
+        "languageId": "python",
+        "version": draw(st.integers(-5, 2**33)),
+        "text": draw(st.text(max_size=40)),
+    }
     change = {"range": {"start": position, "end": position}, "text": draw(st.text(max_size=10))}
-    params = draw(st.sampled_from([
-        {"textDocument": document, "position": position, "context": {"triggerKind": draw(st.integers(-1, 3))}},
-        {"textDocument": document, "contentChanges": [change, {"text": "x = 1\n"}]},
-        {"id": draw(st.integers(0, 100) | st.text(max_size=3))},
-    ]) | JSON)  # fmt: skip
+    params = draw(
+        st.sampled_from(
+            [
+                {"textDocument": document, "position": position, "context": {"triggerKind": draw(st.integers(-1, 3))}},
+                {"textDocument": document, "contentChanges": [change, {"text": "x = 1\n"}]},
+                {"id": draw(st.integers(0, 100) | st.text(max_size=3))},
+            ]
+        )
+        | JSON
+    )
     request_id = draw(st.uuids()).hex
     message = {"jsonrpc": "2.0", "method": method, "params": params}
     if draw(st.booleans()):
@@ -282,8 +308,14 @@ def test_fuzzed_messages_are_answered_or_ignored_never_hang_or_kill_it(tmp_path)
     fifo = tmp_path / "pipe.py"
     os.mkfifo(fifo)
     (tmp_path / "a.py").write_text("import os\n")
-    uris = [fifo.as_uri(), (tmp_path / "a.py").as_uri(), "file:///dev/zero", "file:///dev/stdin",
-            (tmp_path / "absent.py").as_uri(), "untitled:Untitled-1"]  # fmt: skip
+    uris = [
+        fifo.as_uri(),
+        (tmp_path / "a.py").as_uri(),
+        "file:///dev/zero",
+        "file:///dev/stdin",
+        (tmp_path / "absent.py").as_uri(),
+        "untitled:Untitled-1",
+    ]
     lsp = RawLsp(tmp_path)
     answers: dict[str, dict] = {}
 
@@ -299,8 +331,9 @@ def test_fuzzed_messages_are_answered_or_ignored_never_hang_or_kill_it(tmp_path)
                 answers[message["id"]] = message
 
     @given(batch=st.lists(messages(uris), min_size=1, max_size=5))
-    @settings(max_examples=120, deadline=None, database=None, suppress_health_check=list(HealthCheck),
-              phases=[Phase.generate])
+    @settings(
+        max_examples=120, deadline=None, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate]
+    )
     def run(batch):
         probe = f"probe-{len(answers)}"
         probe_message = {"jsonrpc": "2.0", "id": probe, "method": "lingcode/stats", "params": None}

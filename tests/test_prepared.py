@@ -61,4 +61,3 @@ def test_a_second_start_maps_the_prepared_model(home, model_path, monkeypatch, c
     assert "could not be read" in caplog.text
     assert asyncio.run(greedy(third, "def fibonacci(n):")) == expected
     assert entry.stat().st_size > 1_000_000  # replaced by a good one
-

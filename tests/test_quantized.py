@@ -20,7 +20,9 @@ def _tensor(path, name):
     return next(t for t in GGUFReader(str(path)).tensors if t.name == name)
 
 
-@pytest.mark.parametrize(("name", "parse"), [("blk.0.ffn_up.weight", q4_from_blocks), ("token_embd.weight", q8_from_blocks)])
+@pytest.mark.parametrize(
+    ("name", "parse"), [("blk.0.ffn_up.weight", q4_from_blocks), ("token_embd.weight", q8_from_blocks)]
+)
 def test_the_files_blocks_parse_to_the_weights_gguf_dequantizes(model_path, name, parse):
     t = _tensor(model_path, name)
     rows, cols = reversed([int(d) for d in t.shape])

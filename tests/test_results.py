@@ -55,7 +55,9 @@ def missing_code_paths() -> list[str]:
 
 
 def test_no_result_file_is_over_200_kb():
-    big = [f"{p.relative_to(ROOT)}: {p.stat().st_size // 1024} KB" for p in result_files() if p.stat().st_size > MAX_FILE]
+    big = [
+        f"{p.relative_to(ROOT)}: {p.stat().st_size // 1024} KB" for p in result_files() if p.stat().st_size > MAX_FILE
+    ]
     assert not big, f"bench/results keeps summaries; raw samples stay out of the tree: {big}"
 
 

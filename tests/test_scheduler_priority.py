@@ -52,8 +52,15 @@ async def test_a_completion_preempts_a_running_chat_which_resumes_after_it(engin
         run(scheduler, engine, "chat", chat, SamplingParams(max_tokens=24, ignore_eos=True, **GREEDY), log)
     )
     await until(lambda: log.count("chat:token") >= 3, "the chat to stream")
-    completion = await run(scheduler, engine, "complete", code_ids(engine), SamplingParams(max_tokens=3, **GREEDY),
-                           log, priority=Priority.COMPLETION)  # fmt: skip
+    completion = await run(
+        scheduler,
+        engine,
+        "complete",
+        code_ids(engine),
+        SamplingParams(max_tokens=3, **GREEDY),
+        log,
+        priority=Priority.COMPLETION,
+    )
     tokens_before_resume = log.count("chat:token")
     last = await chat_task
 
@@ -73,12 +80,28 @@ async def test_a_completion_preempts_a_running_chat_which_resumes_after_it(engin
 async def test_a_chat_cancelled_while_it_waits_to_resume_is_dropped(engine):
     scheduler = Scheduler(engine)
     log: list[str] = []
-    chat_task = asyncio.create_task(run(scheduler, engine, "chat", chat_ids(engine, "Count to fifty."),
-                                        SamplingParams(max_tokens=40, ignore_eos=True, **GREEDY), log))  # fmt: skip
+    chat_task = asyncio.create_task(
+        run(
+            scheduler,
+            engine,
+            "chat",
+            chat_ids(engine, "Count to fifty."),
+            SamplingParams(max_tokens=40, ignore_eos=True, **GREEDY),
+            log,
+        )
+    )
     await until(lambda: "chat:token" in log, "the chat to stream")
-    completion = asyncio.create_task(run(scheduler, engine, "complete", code_ids(engine),
-                                         SamplingParams(max_tokens=30, ignore_eos=True, **GREEDY), log,
-                                         priority=Priority.COMPLETION))  # fmt: skip
+    completion = asyncio.create_task(
+        run(
+            scheduler,
+            engine,
+            "complete",
+            code_ids(engine),
+            SamplingParams(max_tokens=30, ignore_eos=True, **GREEDY),
+            log,
+            priority=Priority.COMPLETION,
+        )
+    )
     await until(lambda: scheduler.stats()["queued"] == ["chat"], "the chat to yield the slot")
     assert await scheduler.cancel("chat")
     await asyncio.gather(chat_task, completion)
@@ -92,15 +115,25 @@ async def test_latest_wins_cancels_the_previous_completion_for_the_same_key(engi
     scheduler = Scheduler(engine)
     log: list[str] = []
     long = SamplingParams(max_tokens=60, ignore_eos=True, **GREEDY)
-    first = asyncio.create_task(run(scheduler, engine, "first", code_ids(engine), long, log,
-                                    priority=Priority.COMPLETION, latest_wins="doc-a"))  # fmt: skip
+    first = asyncio.create_task(
+        run(scheduler, engine, "first", code_ids(engine), long, log, priority=Priority.COMPLETION, latest_wins="doc-a")
+    )
     await until(lambda: "first:token" in log, "the first completion to stream")
     short = SamplingParams(max_tokens=2, **GREEDY)
-    other = asyncio.create_task(run(scheduler, engine, "other", code_ids(engine), short, log,
-                                    priority=Priority.COMPLETION, latest_wins="doc-b"))  # fmt: skip
+    other = asyncio.create_task(
+        run(scheduler, engine, "other", code_ids(engine), short, log, priority=Priority.COMPLETION, latest_wins="doc-b")
+    )
     await asyncio.sleep(0)
-    second = await run(scheduler, engine, "second", code_ids(engine), SamplingParams(max_tokens=2, **GREEDY), log,
-                       priority=Priority.COMPLETION, latest_wins="doc-a")  # fmt: skip
+    second = await run(
+        scheduler,
+        engine,
+        "second",
+        code_ids(engine),
+        SamplingParams(max_tokens=2, **GREEDY),
+        log,
+        priority=Priority.COMPLETION,
+        latest_wins="doc-a",
+    )
     await asyncio.gather(first, other)
     assert "first:abort" in log and log.count("first:token") < 60
     assert second.finish_reason in ("stop", "length")

@@ -47,7 +47,9 @@ class Guarded:
 
     def uds(self) -> httpx.Client:
         """A client over the Unix socket, with no token."""
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://localhost", timeout=60)
+        return httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://localhost", timeout=60
+        )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +57,9 @@ def guarded(model_path, tmp_path_factory):
     # A short directory: Unix socket paths are limited to ~107 bytes.
     home = share_built_caches(Path(tmp_path_factory.mktemp("sec")))
     sock = home / "lc.sock"
-    started = serve(model_path, home, "--unix-socket", str(sock), "--allow-host", ALLOWED_HOST,
-                    "--allow-origin", ALLOWED_ORIGIN)  # fmt: skip
+    started = serve(
+        model_path, home, "--unix-socket", str(sock), "--allow-host", ALLOWED_HOST, "--allow-origin", ALLOWED_ORIGIN
+    )
     process = started.process
     yield Guarded(started.url, started.token, sock, home, process, started.log)
     if process.poll() is None:
@@ -73,8 +76,15 @@ def test_the_default_bind_is_loopback(daemon):
 
 def test_a_non_loopback_host_needs_allow_remote(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LINGCODE_HOME", str(tmp_path))
-    args = dict(engine="local", model_path=tmp_path / "absent.gguf", model_name="m", port=0, device="cpu",
-                max_queue=1, log_level="warning")  # fmt: skip
+    args = dict(
+        engine="local",
+        model_path=tmp_path / "absent.gguf",
+        model_name="m",
+        port=0,
+        device="cpu",
+        max_queue=1,
+        log_level="warning",
+    )
     assert d.serve(host="0.0.0.0", **args) == 2
     assert "--allow-remote" in capsys.readouterr().err
     # With the flag it binds, warns, and goes on (to fail on the absent model, before serving anything).
@@ -88,8 +98,13 @@ def test_a_non_loopback_host_needs_allow_remote(tmp_path, monkeypatch, capsys):
 
 def test_only_the_exact_token_is_accepted(guarded):
     token = guarded.token
-    for wrong in (token[:-1], token + "x", token.upper() if token.upper() != token else token.lower(),
-                  "x" * len(token), f"{token} {token}"):  # fmt: skip
+    for wrong in (
+        token[:-1],
+        token + "x",
+        token.upper() if token.upper() != token else token.lower(),
+        "x" * len(token),
+        f"{token} {token}",
+    ):
         for headers in ({"Authorization": f"Bearer {wrong}"}, {"x-api-key": wrong}):
             assert httpx.get(guarded.url + "/v1/models", headers=headers).status_code == 401, (headers, wrong)
     assert httpx.get(guarded.url + "/v1/models", headers={"Authorization": f"bearer {token}"}).status_code == 200
@@ -114,14 +129,37 @@ def test_the_token_is_compared_in_constant_time():
 def test_host_header_must_be_loopback_or_configured(guarded):
     port = guarded.url.rsplit(":", 1)[1]
     auth = {"Authorization": f"Bearer {guarded.token}"}
-    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "127.0.0.2", f"[::1]:{port}", ALLOWED_HOST,
-                 f"{ALLOWED_HOST}:{port}", "LOCALHOST."):  # fmt: skip
+    for host in (
+        f"localhost:{port}",
+        f"127.0.0.1:{port}",
+        "127.0.0.2",
+        f"[::1]:{port}",
+        ALLOWED_HOST,
+        f"{ALLOWED_HOST}:{port}",
+        "LOCALHOST.",
+    ):
         assert httpx.get(guarded.url + "/v1/models", headers={**auth, "Host": host}).status_code == 200, host
-    for host in ("attacker.example", f"attacker.example:{port}", "localhost.attacker.example", "192.168.1.20",
-                 "lingcode.test.attacker.example", "0.0.0.0", "[::1]evil.com", "[::1].evil.com", "localhost:evil",
-                 "127.0.0.1:@evil.com", f"localhost:{port}@evil.com", "[::1", "localhost..", "localhost:",
-                 f"127.0.0.1:{port}:{port}", "127.0.0.1/evil.com", "lingcode.test@evil.com", "::1",
-                 "0:0:0:0:0:0:0:1"):  # fmt: skip
+    for host in (
+        "attacker.example",
+        f"attacker.example:{port}",
+        "localhost.attacker.example",
+        "192.168.1.20",
+        "lingcode.test.attacker.example",
+        "0.0.0.0",
+        "[::1]evil.com",
+        "[::1].evil.com",
+        "localhost:evil",
+        "127.0.0.1:@evil.com",
+        f"localhost:{port}@evil.com",
+        "[::1",
+        "localhost..",
+        "localhost:",
+        f"127.0.0.1:{port}:{port}",
+        "127.0.0.1/evil.com",
+        "lingcode.test@evil.com",
+        "::1",
+        "0:0:0:0:0:0:0:1",
+    ):
         for path in ("/v1/models", "/health"):
             response = httpx.get(guarded.url + path, headers={**auth, "Host": host})
             assert response.status_code == 403, (host, path)
@@ -142,11 +180,16 @@ def test_a_request_with_two_host_headers_is_refused(guarded):
     """Issue 62 (minor): the first Host was judged, and a proxy or a check that reads the last one
     would see another request. Either order is refused, on /health too."""
     host, port = guarded.url.removeprefix("http://").split(":")
-    for first, second in (("127.0.0.1", "attacker.example"), ("attacker.example", "127.0.0.1"),
-                          ("127.0.0.1", "127.0.0.1")):  # fmt: skip
+    for first, second in (
+        ("127.0.0.1", "attacker.example"),
+        ("attacker.example", "127.0.0.1"),
+        ("127.0.0.1", "127.0.0.1"),
+    ):
         for path in ("/health", "/v1/models"):
-            request = (f"GET {path} HTTP/1.1\r\nHost: {first}\r\nHost: {second}\r\n"
-                       f"Authorization: Bearer {guarded.token}\r\nConnection: close\r\n\r\n")  # fmt: skip
+            request = (
+                f"GET {path} HTTP/1.1\r\nHost: {first}\r\nHost: {second}\r\n"
+                f"Authorization: Bearer {guarded.token}\r\nConnection: close\r\n\r\n"
+            )
             with socket.create_connection((host, int(port)), timeout=30) as conn:
                 conn.sendall(request.encode())
                 reply = b""
@@ -173,7 +216,10 @@ def test_a_websocket_from_another_host_or_page_is_closed_before_it_opens():
     with client.websocket_connect("ws://localhost/ws") as websocket:
         assert websocket.receive_text() == "hello"
     for headers in ({"Origin": "https://attacker.example"}, {"Host": "attacker.example"}):
-        with pytest.raises(WebSocketDisconnect) as closed, client.websocket_connect("ws://localhost/ws", headers=headers):
+        with (
+            pytest.raises(WebSocketDisconnect) as closed,
+            client.websocket_connect("ws://localhost/ws", headers=headers),
+        ):
             pass
         assert closed.value.code == 1008
 
@@ -184,9 +230,23 @@ def test_host_names_are_parsed_like_browsers_send_them():
     assert host_name("[0:0:0:0:0:0:0:1]") == "::1" and host_name("127.0.0.1:8377") == "127.0.0.1"
     # Strictly a host and an optional :port of digits: anything after it is no loopback name (issue 18),
     # and an IPv6 address is in brackets (issue 62).
-    for header in ("[::1]evil.com", "[::1].evil.com", "localhost:evil", "127.0.0.1:@evil.com", "[::1]:80x",
-                   "localhost:80:80", "[::1", "::1]", "local host", "localhost\x00", "", "[]", "[127.0.0.1]",
-                   "::1", "::ffff:127.0.0.1"):  # fmt: skip
+    for header in (
+        "[::1]evil.com",
+        "[::1].evil.com",
+        "localhost:evil",
+        "127.0.0.1:@evil.com",
+        "[::1]:80x",
+        "localhost:80:80",
+        "[::1",
+        "::1]",
+        "local host",
+        "localhost\x00",
+        "",
+        "[]",
+        "[127.0.0.1]",
+        "::1",
+        "::ffff:127.0.0.1",
+    ):
         assert host_name(header) is None, header
         assert not AccessGuard(None).host_allowed(header), header
 
@@ -201,15 +261,23 @@ def test_web_pages_are_refused_unless_their_origin_is_configured(guarded):
         assert response.status_code == 403, origin
         assert response.json()["error"]["code"] == "origin_not_allowed"
         body = {"prompt": "hi", "max_tokens": 1}  # a "simple" cross-site POST, as a form would send it
-        assert httpx.post(guarded.url + "/v1/completions", headers={**auth, "Origin": origin}, json=body).status_code == 403
+        assert (
+            httpx.post(guarded.url + "/v1/completions", headers={**auth, "Origin": origin}, json=body).status_code
+            == 403
+        )
     # The configured origin: served, with CORS headers, and its preflight answered without the token.
     response = httpx.get(guarded.url + "/v1/models", headers={**auth, "Origin": ALLOWED_ORIGIN})
     assert response.status_code == 200 and response.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
-    preflight = {"Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+    preflight = {
+        "Origin": ALLOWED_ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     response = httpx.options(guarded.url + "/v1/chat/completions", headers=preflight)
     assert response.status_code == 200 and response.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
-    assert httpx.get(guarded.url + "/v1/models", headers={"Origin": ALLOWED_ORIGIN}).status_code == 401  # still the token
+    assert (
+        httpx.get(guarded.url + "/v1/models", headers={"Origin": ALLOWED_ORIGIN}).status_code == 401
+    )  # still the token
     evil_preflight = {**preflight, "Origin": "https://attacker.example"}
     assert httpx.options(guarded.url + "/v1/chat/completions", headers=evil_preflight).status_code == 403
 
@@ -234,8 +302,9 @@ def test_state_files_are_private_even_with_a_permissive_umask(tmp_path):
 def _serve(model_path, home: Path, log_path: Path, **popen) -> subprocess.Popen:
     command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0", "--device", "cpu"]
     with open(log_path, "wb") as log:
-        return subprocess.Popen(command, env={**os.environ, "LINGCODE_HOME": str(home)}, stdout=log,
-                                stderr=subprocess.STDOUT, **popen)  # fmt: skip
+        return subprocess.Popen(
+            command, env={**os.environ, "LINGCODE_HOME": str(home)}, stdout=log, stderr=subprocess.STDOUT, **popen
+        )
 
 
 def _ready(process: subprocess.Popen, daemon_file: Path, log_path: Path) -> dict:
@@ -292,8 +361,14 @@ def test_the_chat_keeps_its_history_and_log_private_under_umask_000(tmp_path, mo
     chat does, then stops before the terminal UI: a real process, under a real umask.
     """
     home = tmp_path / "home"
-    result = subprocess.run([sys.executable, "-m", "lingcode", "chat", "--resume", "999"], umask=0, timeout=120,
-                            env={**os.environ, "LINGCODE_HOME": str(home)}, capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "lingcode", "chat", "--resume", "999"],
+        umask=0,
+        timeout=120,
+        env={**os.environ, "LINGCODE_HOME": str(home)},
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "there is no chat session 999" in result.stderr, result.stderr
     assert mode(home) == 0o700  # made by lingcode, as LINGCODE_HOME did not exist
     for directory in ("state", "data"):
@@ -306,8 +381,13 @@ def test_the_chat_keeps_its_history_and_log_private_under_umask_000(tmp_path, mo
     assert mode(paths.state_dir()) == 0o700
     if os.geteuid() == 0:
         os.chown(home / "data", 65534, 65534)
-        result = subprocess.run([sys.executable, "-m", "lingcode", "chat", "--resume", "999"], timeout=120,
-                                env={**os.environ, "LINGCODE_HOME": str(home)}, capture_output=True, text=True)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "lingcode", "chat", "--resume", "999"],
+            timeout=120,
+            env={**os.environ, "LINGCODE_HOME": str(home)},
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode == 1 and "belongs to another user (uid 65534)" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
 
@@ -327,9 +407,11 @@ def test_a_lingcode_home_others_may_look_into_is_warned_about_once(tmp_path):
     result = chat()
     assert result.returncode == 2 and "there is no chat session 999" in result.stderr, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
-    assert warnings == [f"lingcode: WARNING: LINGCODE_HOME {home.resolve()} is mode 755: other users may list what "
-                        f"it holds (lingcode's folders in it are 0700). Run `chmod 700 {home.resolve()}` unless you "
-                        "share it on purpose"], result.stderr  # fmt: skip
+    assert warnings == [
+        f"lingcode: WARNING: LINGCODE_HOME {home.resolve()} is mode 755: other users may list what "
+        f"it holds (lingcode's folders in it are 0700). Run `chmod 700 {home.resolve()}` unless you "
+        "share it on purpose"
+    ], result.stderr
     assert mode(home) == 0o755 and mode(home / "data") == 0o700
     home.chmod(0o700)
     assert "WARNING" not in chat().stderr
@@ -340,8 +422,14 @@ def test_the_native_kernel_build_is_private_under_umask_000(tmp_path):
     folder, but a folder's mode is one chmod away). A real build, by the command `make test` runs first."""
     home = tmp_path / "home"
     env = {**os.environ, "LINGCODE_HOME": str(home), "LINGCODE_CPU_NATIVE": "1"}
-    result = subprocess.run([sys.executable, "-m", "lingcode.engine.local.cpu_native"], umask=0, timeout=1200,
-                            env=env, capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "lingcode.engine.local.cpu_native"],
+        umask=0,
+        timeout=1200,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and "native CPU code: ready" in result.stdout, result.stdout + result.stderr
     built = [p for p in (home / "cache" / "native").rglob("*") if not p.is_symlink()]
     assert {".o", ".so"} <= {p.suffix for p in built}

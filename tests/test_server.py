@@ -237,8 +237,10 @@ def test_a_streams_head_goes_out_before_the_engine_has_the_request(daemon):
 
     def first_read(extra: dict) -> bytes:
         body = json.dumps({"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY, **extra}).encode()
-        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
-                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (daemon.token.encode(), len(body), body))  # fmt: skip
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (daemon.token.encode(), len(body), body)
+        )
         host, port = daemon.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=60) as conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -251,10 +253,14 @@ def test_a_streams_head_goes_out_before_the_engine_has_the_request(daemon):
         assert b"\r\n\r\n" in first and b"data: {" in first.partition(b"\r\n\r\n")[2], first
         assert first_read({}).startswith(b"HTTP/1.1 200")
 
-    with httpx.Client(base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}", "x-lingcode-trace": "1"},
-                      timeout=60) as http:  # fmt: skip
-        for extra, early in (({}, True), ({"response_format": {"type": "json_object"}}, False),
-                             ({"max_tokens": 8100, "stop": [" "]}, False)):  # not sure to leave that room untokenized
+    with httpx.Client(
+        base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}", "x-lingcode-trace": "1"}, timeout=60
+    ) as http:
+        for extra, early in (
+            ({}, True),
+            ({"response_format": {"type": "json_object"}}, False),
+            ({"max_tokens": 8100, "stop": [" "]}, False),
+        ):  # not sure to leave that room untokenized
             body = {"messages": user("Hi"), "max_tokens": 4, "stream": True, **GREEDY, **extra}
             events = sse_events(http.post("/v1/chat/completions", json=body))
             trace = next(json.loads(e)["timings"]["trace"] for e in events[:-1] if "timings" in json.loads(e))
@@ -267,7 +273,9 @@ def test_a_streams_head_goes_out_before_the_engine_has_the_request(daemon):
 @pytest.fixture(scope="module")
 def keeping_daemon(model_path, tmp_path_factory):
     """A daemon whose streams send their keep-alive comments 20 ms apart (serve --stream-keep-alive)."""
-    started = serve(model_path, share_built_caches(tmp_path_factory.mktemp("keep-alive-home")), "--stream-keep-alive", "0.02")
+    started = serve(
+        model_path, share_built_caches(tmp_path_factory.mktemp("keep-alive-home")), "--stream-keep-alive", "0.02"
+    )
     yield started
     started.process.terminate()
     assert started.process.wait(timeout=30) == 0, started.log.read_text()
@@ -275,11 +283,17 @@ def keeping_daemon(model_path, tmp_path_factory):
 
 # Each API's stream: its path, a body around a prompt, and whether its events begin with its opening.
 OPENINGS = {
-    "/v1/chat/completions": (lambda p: {"messages": user(p)},
-                             lambda e: json.loads(e[0].removeprefix("data: "))["choices"][0]["delta"]
-                             == {"role": "assistant", "content": ""}),  # fmt: skip
+    "/v1/chat/completions": (
+        lambda p: {"messages": user(p)},
+        lambda e: (
+            json.loads(e[0].removeprefix("data: "))["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        ),
+    ),
     "/v1/responses": (lambda p: {"input": p}, lambda e: e[0].startswith("event: response.created\n")),
-    "/v1/messages": (lambda p: {"model": "m", "messages": user(p)}, lambda e: e[0].startswith("event: message_start\n")),
+    "/v1/messages": (
+        lambda p: {"model": "m", "messages": user(p)},
+        lambda e: e[0].startswith("event: message_start\n"),
+    ),
     "/v1/completions": (lambda p: {"prompt": p}, lambda e: e[0] == ": keep-alive"),  # no opening event: the comments
 }
 
@@ -299,8 +313,11 @@ def test_a_long_prefill_opens_its_stream_at_once_and_keeps_it_alive(keeping_daem
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         events = [e for e in response.read().decode().split("\n\n") if e]
     comments = [i for i, e in enumerate(events) if e == ": keep-alive"]
-    tokens = [i for i, e in enumerate(events) if any(k in e for k in ('"content":"', '"text":"', '"delta":"', "text_delta"))
-              and '"content":""' not in e]  # fmt: skip
+    tokens = [
+        i
+        for i, e in enumerate(events)
+        if any(k in e for k in ('"content":"', '"text":"', '"delta":"', "text_delta")) and '"content":""' not in e
+    ]
     assert is_opening(events), events[:3]
     assert comments and tokens, events
     assert comments == list(range(comments[0], comments[-1] + 1)) and comments[-1] < tokens[0], events
@@ -478,9 +495,12 @@ def test_over_size_body_is_413(http):
 def test_disconnect_mid_stream_frees_the_engine_within_a_step(client, http):
     before = wait_idle(http)
     stream = client.chat.completions.create(
-        model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
+        model="m",
+        messages=user("Tell me a very long story."),
+        max_tokens=2000,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     for i, _ in enumerate(stream):
         if i == 3:
             break
@@ -503,9 +523,12 @@ def assert_dropped_while_queued(client, http, queue_and_leave) -> None:
     and whose client leaves), and check that the request was dropped without ever running."""
     before = wait_idle(http)
     running = client.chat.completions.create(
-        model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
+        model="m",
+        messages=user("Tell me a very long story."),
+        max_tokens=2000,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     next(iter(running))  # it holds the engine now
     queue_and_leave()
     deadline = time.monotonic() + 30
@@ -522,9 +545,11 @@ def test_disconnect_while_queued_drops_the_request(client, http, daemon):
     def queue_and_leave():
         with pytest.raises(httpx.TimeoutException):  # this one waits in the queue; its client gives up
             httpx.post(
-                daemon.url + "/v1/completions", headers={"x-api-key": daemon.token},
-                json={"prompt": "Hello", "max_tokens": 4}, timeout=0.5,
-            )  # fmt: skip
+                daemon.url + "/v1/completions",
+                headers={"x-api-key": daemon.token},
+                json={"prompt": "Hello", "max_tokens": 4},
+                timeout=0.5,
+            )
 
     assert_dropped_while_queued(client, http, queue_and_leave)
 
@@ -536,8 +561,10 @@ def test_disconnect_while_queued_is_seen_after_a_large_body(client, http, daemon
     start = json.dumps({"prompt": "Hello", "max_tokens": 4}).encode()
     rest = b" " * 100_000  # JSON's whitespace: a large body, a short prompt
     url = httpx.URL(daemon.url)
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nx-api-key: {daemon.token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(start) + len(rest)}\r\n\r\n").encode()  # fmt: skip
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nx-api-key: {daemon.token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(start) + len(rest)}\r\n\r\n"
+    ).encode()
 
     def queue_and_leave():
         with socket.create_connection((url.host, url.port)) as sock:
@@ -556,9 +583,12 @@ def test_full_queue_is_429_with_retry_after(client, http, daemon):
     before = wait_idle(http)
     max_queue = before["scheduler"]["max_queue"]
     running = client.chat.completions.create(
-        model="m", messages=user("Tell me a very long story."), max_tokens=2000, stream=True,
+        model="m",
+        messages=user("Tell me a very long story."),
+        max_tokens=2000,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     next(iter(running))
 
     def queued_request(i: int) -> httpx.Response:

@@ -55,8 +55,12 @@ def serve(engine):
     def make(script):
         scripted = ScriptedEngine(engine.info, script)
         app = create_app(Scheduler(scripted), engine.info, TOKEN, model_id="scripted")
-        client = TestClient(app, base_url="http://localhost", raise_server_exceptions=False,
-                            headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        client = TestClient(
+            app,
+            base_url="http://localhost",
+            raise_server_exceptions=False,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
         return client, scripted
 
     return make
@@ -70,8 +74,15 @@ def events(response) -> list:
 def test_request_fields_reach_the_engine_as_sampling_params(serve, engine):
     tokens = engine.info.tokenizer.encode("Hello world")
     client, scripted = serve(tokens)
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 300, "temperature": 0.5, "top_p": 0.9,
-            "top_k": 40, "seed": 7, "ignore_eos": True}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 300,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 40,
+        "seed": 7,
+        "ignore_eos": True,
+    }
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "Hello world"
@@ -85,14 +96,18 @@ def test_fields_left_out_get_the_model_familys_defaults(serve, engine):
     """SmolLM2's defaults (lingcode/data/families.toml): greedy, and with no max_tokens the family's
     answer length (1024), not the whole context."""
     client, scripted = serve(engine.info.tokenizer.encode("Paris"))
-    for route, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-                        ("/v1/completions", {"prompt": "The capital of France is"}),
-                        ("/v1/responses", {"input": "hi"})]:  # fmt: skip
+    for route, body in [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "The capital of France is"}),
+        ("/v1/responses", {"input": "hi"}),
+    ]:
         assert client.post(route, json=body).status_code == 200, route
     for _, params in scripted.calls:
         assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (1024, 0.0, 1.0, 0)
     # Anthropic requires max_tokens; the temperature left out is the family's too.
-    response = client.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    response = client.post(
+        "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    )
     assert response.status_code == 200, response.text
     assert (scripted.calls[-1][1].max_tokens, scripted.calls[-1][1].temperature) == (5, 0.0)
     # A prompt that leaves less room than the default length gets the rest of the context.
@@ -108,8 +123,9 @@ def test_a_looping_answer_stops_when_the_client_set_no_max_tokens(serve, engine)
     assert answer["choices"][0]["finish_reason"] == "stop" and answer["lingcode"] == {"stop_reason": "loop"}
     assert answer["usage"]["completion_tokens"] < 100  # stopped once the loop was plain, not after 600 tokens
     # With max_tokens set, the client gets exactly what it asked for (OpenAI's semantics).
-    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                       "max_tokens": 600}).json()  # fmt: skip
+    answer = client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 600}
+    ).json()
     assert answer["usage"]["completion_tokens"] == len(loop) * 200
 
 
@@ -164,10 +180,12 @@ def test_the_context_limit_reads_the_same_in_every_apis_errors(serve, engine):
     oai = openai.OpenAI(base_url="http://localhost/v1", api_key=TOKEN, http_client=client, max_retries=0)
     ant = anthropic.Anthropic(base_url="http://localhost", api_key=TOKEN, http_client=client, max_retries=0)
     said = []
-    for call in (lambda: oai.chat.completions.create(model="m", messages=long),
-                 lambda: oai.responses.create(model="m", input="hi " * context),
-                 lambda: ant.messages.create(model="m", max_tokens=5, messages=long),
-                 lambda: ant.messages.create(model="m", max_tokens=context, messages=[{"role": "user", "content": "hi"}])):
+    for call in (
+        lambda: oai.chat.completions.create(model="m", messages=long),
+        lambda: oai.responses.create(model="m", input="hi " * context),
+        lambda: ant.messages.create(model="m", max_tokens=5, messages=long),
+        lambda: ant.messages.create(model="m", max_tokens=context, messages=[{"role": "user", "content": "hi"}]),
+    ):
         with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as caught:
             call()
         said.append(caught.value.message)
@@ -232,11 +250,24 @@ async def _asgi_stream(engine, script, path: str, body: dict, before: bool = Fal
     gated = GatedEngine(engine.info, script)
     gated.head_before_submit = before
     app = create_app(Scheduler(gated), engine.info, TOKEN, model_id="scripted")
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"127.0.0.1"), (b"authorization", f"Bearer {TOKEN}".encode()),
-                         (b"content-type", b"application/json")]}  # fmt: skip
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"authorization", f"Bearer {TOKEN}".encode()),
+            (b"content-type", b"application/json"),
+        ],
+    }
     requests = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
     sent: list[dict] = []
     gated.sent = sent
@@ -258,12 +289,18 @@ async def _asgi_stream(engine, script, path: str, body: dict, before: bool = Fal
 async def test_a_streams_head_and_opening_go_out_once_the_engine_has_the_request(engine):
     """The client reads them while the engine computes the first token, not after it (issue 17)."""
     tokens = engine.info.tokenizer.encode("Hello world")
-    sent, _ = await _asgi_stream(engine, tokens, "/v1/chat/completions",
-                                 {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True})
+    sent, _ = await _asgi_stream(
+        engine,
+        tokens,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True},
+    )
     start, opening, *bodies = sent
     assert start["type"] == "http.response.start" and start["status"] == 200
-    assert json.loads(opening["body"].removeprefix(b"data: "))["choices"][0]["delta"] == {"role": "assistant",
-                                                                                          "content": ""}
+    assert json.loads(opening["body"].removeprefix(b"data: "))["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": "",
+    }
     text = b"".join(m["body"] for m in bodies).decode()
     assert text.count('"role"') == 0  # the opening went out once
     deltas = [json.loads(b.removeprefix("data: ")) for b in text.split("\n\n") if b.startswith("data: {")]
@@ -281,14 +318,20 @@ async def test_a_stream_opens_before_the_engine_has_it_once_nothing_can_refuse_i
     assert gated.seen == ["http.response.start", "http.response.body"]
     start, opening, *bodies = sent
     assert start["status"] == 200
-    assert json.loads(opening["body"].removeprefix(b"data: "))["choices"][0]["delta"] == {"role": "assistant",
-                                                                                          "content": ""}
-    deltas = [json.loads(b.removeprefix("data: ")) for b in b"".join(m["body"] for m in bodies).decode().split("\n\n")
-              if b.startswith("data: {")]  # fmt: skip
+    assert json.loads(opening["body"].removeprefix(b"data: "))["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": "",
+    }
+    deltas = [
+        json.loads(b.removeprefix("data: "))
+        for b in b"".join(m["body"] for m in bodies).decode().split("\n\n")
+        if b.startswith("data: {")
+    ]
     assert "".join(d["choices"][0]["delta"].get("content", "") for d in deltas) == "Hello world"
     # A grammar that might not compile (a 400) keeps the head until it compiled; then both go out.
-    sent, gated = await _asgi_stream(engine, tokens, "/v1/chat/completions",
-                                     {**body, "response_format": {"type": "json_object"}}, before=True)  # fmt: skip
+    sent, gated = await _asgi_stream(
+        engine, tokens, "/v1/chat/completions", {**body, "response_format": {"type": "json_object"}}, before=True
+    )
     assert gated.seen == ["http.response.start", "http.response.body"] and sent[0]["status"] == 200
 
 
@@ -297,13 +340,19 @@ async def test_a_stream_that_fails_after_its_head_went_out_gets_an_error_frame(e
     the stream, as the API's own error frame, and the engine never sees the request."""
     from lingcode.server import serving
 
-    monkeypatch.setattr(serving, "PROMPT_TOKENS_ADDED", -10**6)  # a bound that says any prompt fits
+    monkeypatch.setattr(serving, "PROMPT_TOKENS_ADDED", -(10**6))  # a bound that says any prompt fits
     too_much = engine.info.context_length
     for path, body, frame in (
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": too_much,
-                                  "stream": True}, "data: "),  # fmt: skip
-        ("/v1/messages", {"model": "m", "max_tokens": too_much, "stream": True,
-                          "messages": [{"role": "user", "content": "hi"}]}, "event: error\ndata: "),  # fmt: skip
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": too_much, "stream": True},
+            "data: ",
+        ),
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": too_much, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            "event: error\ndata: ",
+        ),
         ("/v1/responses", {"input": "hi", "max_output_tokens": too_much, "stream": True}, "event: error\ndata: "),
     ):
         sent, gated = await _asgi_stream(engine, [], path, body, before=True)
@@ -316,9 +365,12 @@ async def test_a_stream_that_fails_after_its_head_went_out_gets_an_error_frame(e
 
 async def test_an_engine_error_after_it_took_the_request_is_an_error_event(engine):
     """Once the engine has the request the response has started: its error is a frame in the API's shape."""
-    sent, _ = await _asgi_stream(engine, [EngineError("engine failed: out of memory")], "/v1/messages",
-                                 {"model": "m", "max_tokens": 5, "stream": True,
-                                  "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    sent, _ = await _asgi_stream(
+        engine,
+        [EngineError("engine failed: out of memory")],
+        "/v1/messages",
+        {"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert sent[0]["status"] == 200
     text = b"".join(m.get("body", b"") for m in sent[1:]).decode()
     error = json.loads(text.split("event: error\ndata: ")[1].split("\n\n")[0])
@@ -358,6 +410,8 @@ def test_a_grammar_compiler_that_cannot_be_built_does_not_stop_the_app(serve, en
     client, _ = serve(engine.info.tokenizer.encode("Hello"))
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 200, response.text
-    constrained = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                            "response_format": {"type": "json_object"}})  # fmt: skip
+    constrained = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+    )
     assert constrained.status_code == 500

@@ -71,8 +71,16 @@ def test_a_stale_daemon_file_does_not_block_a_start(tmp_path):
 
 def test_a_running_daemon_is_not_started_twice(daemon, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("LINGCODE_HOME", str(daemon.home))
-    code = d.serve(engine="local", model_path=tmp_path / "never-loaded.gguf", model_name="m", host="127.0.0.1",
-                   port=0, device="cpu", max_queue=1, log_level="warning")  # fmt: skip
+    code = d.serve(
+        engine="local",
+        model_path=tmp_path / "never-loaded.gguf",
+        model_name="m",
+        host="127.0.0.1",
+        port=0,
+        device="cpu",
+        max_queue=1,
+        log_level="warning",
+    )
     assert code == 1
     assert daemon.url in capsys.readouterr().err
     assert daemon.daemon_file.exists()  # the running daemon's file is untouched
@@ -85,9 +93,19 @@ def test_the_home_lock_is_held_by_one_until_it_is_released(tmp_path, monkeypatch
     assert d.lock_home(path) is None  # a second open file: flock refuses it, even in one process
     monkeypatch.setenv("LINGCODE_HOME", str(tmp_path / "home"))
     held = d.lock_home(paths.daemon_lock_file())
-    code = d.serve(engine="local", model_path=tmp_path / "never-loaded.gguf", model_name="m", host="127.0.0.1",
-                   port=0, device="cpu", max_queue=1, log_level="warning")  # fmt: skip
-    assert code == 1 and f"another lingcode daemon (pid {os.getpid()}) is starting or running" in capsys.readouterr().err
+    code = d.serve(
+        engine="local",
+        model_path=tmp_path / "never-loaded.gguf",
+        model_name="m",
+        host="127.0.0.1",
+        port=0,
+        device="cpu",
+        max_queue=1,
+        log_level="warning",
+    )
+    assert (
+        code == 1 and f"another lingcode daemon (pid {os.getpid()}) is starting or running" in capsys.readouterr().err
+    )
     held.close()
     first.close()
     again = d.lock_home(path)
@@ -98,8 +116,20 @@ def test_the_home_lock_is_held_by_one_until_it_is_released(tmp_path, monkeypatch
 def test_two_daemons_started_at_once_on_one_home_one_serves(model_path, tmp_path):
     """Issue 18, item 10: both used to load and serve, and daemon.json named only the second."""
     env = {**os.environ, "LINGCODE_HOME": str(tmp_path)}
-    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
-               "--device", "cpu", "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "lingcode",
+        "serve",
+        "--model",
+        str(model_path),
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+    ]
     logs = [tmp_path / f"daemon-{i}.log" for i in range(2)]
     processes = []
     for log_path in logs:
@@ -134,8 +164,16 @@ def test_two_daemons_started_at_once_on_one_home_one_serves(model_path, tmp_path
 
 def test_unknown_engine_is_a_usage_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LINGCODE_HOME", str(tmp_path))
-    code = d.serve(engine="vllm", model_path=tmp_path / "m.gguf", model_name="m", host="127.0.0.1",
-                   port=0, device="cpu", max_queue=1, log_level="warning")  # fmt: skip
+    code = d.serve(
+        engine="vllm",
+        model_path=tmp_path / "m.gguf",
+        model_name="m",
+        host="127.0.0.1",
+        port=0,
+        device="cpu",
+        max_queue=1,
+        log_level="warning",
+    )
     assert code == 2
     assert "engine 'vllm' is not available" in capsys.readouterr().err
 
@@ -183,8 +221,7 @@ def test_an_idle_connection_stays_open_past_the_clients_own_expiry(daemon):
     15 s; httpx, the SDKs: 5 s). uvicorn closed one idle for 5 s, and a request sent as it did was
     lost (`lingcode bench daemon` failed on one). One idle for 6 s still answers."""
     url = urlsplit(daemon.url)
-    request = (f"GET /health HTTP/1.1\r\nHost: {url.netloc}\r\n"
-               f"Authorization: Bearer {daemon.token}\r\n\r\n").encode()  # fmt: skip
+    request = (f"GET /health HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {daemon.token}\r\n\r\n").encode()
     with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
         answers = sock.makefile("rb")
         for n in range(2):
@@ -200,8 +237,20 @@ def test_an_idle_connection_stays_open_past_the_clients_own_expiry(daemon):
 def test_ctrl_c_mid_stream_ends_it_with_an_error_event_and_exits_0(model_path, tmp_path):
     """A second daemon of its own: Ctrl+C while a long stream runs (the session daemon covers SIGTERM)."""
     env = {**os.environ, "LINGCODE_HOME": str(share_built_caches(tmp_path))}
-    command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
-               "--device", "cpu", "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "lingcode",
+        "serve",
+        "--model",
+        str(model_path),
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+    ]
     log_path = tmp_path / "daemon.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -214,7 +263,9 @@ def test_ctrl_c_mid_stream_ends_it_with_an_error_event_and_exits_0(model_path, t
         record = json.loads(daemon_file.read_text())
         headers = {"x-api-key": Path(record["token_file"]).read_text()}
         body = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", record["url"] + "/v1/completions", headers=headers, json=body, timeout=60) as response:
+        with httpx.stream(
+            "POST", record["url"] + "/v1/completions", headers=headers, json=body, timeout=60
+        ) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
             process.send_signal(signal.SIGINT)

@@ -13,8 +13,14 @@ import time
 import httpx
 import pytest
 
-READ_FILE = {"type": "function", "function": {"name": "read_file", "description": "Read a file of the project",
-             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}  # fmt: skip
+READ_FILE = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file of the project",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +46,26 @@ def turn(http, session_id: str, messages: list[dict], **body) -> dict:
 
 
 def test_fifty_turn_tool_loop_prefills_only_new_tokens(http):
-    session = new_session(http, messages=[{"role": "system", "content": "You are a coding agent. Use tools."}], tools=[READ_FILE])
-    reply = turn(http, session["id"], [{"role": "user", "content": "Read main.py"}], max_tokens=24,
-                 tool_choice="required", parallel_tool_calls=False)  # fmt: skip
+    session = new_session(
+        http, messages=[{"role": "system", "content": "You are a coding agent. Use tools."}], tools=[READ_FILE]
+    )
+    reply = turn(
+        http,
+        session["id"],
+        [{"role": "user", "content": "Read main.py"}],
+        max_tokens=24,
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
     (call,) = reply["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "read_file"
     history = reply["session"]["history_tokens"]
     restores_before = engine_stats(http)["kv_store"]["restores"]
     for i in range(49):
         if i % 10 == 5:  # something else runs in between (an editor completion): the session's KV must survive it
-            http.post("/v1/completions", json={"prompt": f"def unrelated_{i}(x):\n    return x * {i}\n" * 6, "max_tokens": 1})
+            http.post(
+                "/v1/completions", json={"prompt": f"def unrelated_{i}(x):\n    return x * {i}\n" * 6, "max_tokens": 1}
+            )
         result = [{"role": "tool", "tool_call_id": call["id"], "content": f"line {i}: print({i})"}]
         reply = turn(http, session["id"], result, max_tokens=2)
         last = engine_stats(http)["last_request"]
@@ -68,15 +84,20 @@ def test_fifty_turn_tool_loop_prefills_only_new_tokens(http):
 
 def test_streamed_turn_and_history_unchanged_by_a_failed_turn(http):
     session = new_session(http, tools=[READ_FILE])
-    with http.stream("POST", f"/v1/sessions/{session['id']}/turns",
-                     json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}) as response:  # fmt: skip
+    with http.stream(
+        "POST",
+        f"/v1/sessions/{session['id']}/turns",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True},
+    ) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and '"session"' in lines[-2]
     after_first = http.get(f"/v1/sessions/{session['id']}").json()
     assert after_first["turns"] == 1 and after_first["history_tokens"] > 0
-    too_long = http.post(f"/v1/sessions/{session['id']}/turns",
-                         json={"messages": [{"role": "user", "content": "word " * 9000}], "max_tokens": 1})  # fmt: skip
+    too_long = http.post(
+        f"/v1/sessions/{session['id']}/turns",
+        json={"messages": [{"role": "user", "content": "word " * 9000}], "max_tokens": 1},
+    )
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
     assert http.get(f"/v1/sessions/{session['id']}").json()["history_tokens"] == after_first["history_tokens"]
 
@@ -89,16 +110,28 @@ def test_list_get_delete_and_expiry(http):
     time.sleep(0.5)  # longer than the short session's idle timeout
     gone = http.get(f"/v1/sessions/{short['id']}")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
-    assert http.delete(f"/v1/sessions/{kept['id']}").json() == {"id": kept["id"], "object": "session.deleted", "deleted": True}
-    assert http.post(f"/v1/sessions/{kept['id']}/turns", json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 404
+    assert http.delete(f"/v1/sessions/{kept['id']}").json() == {
+        "id": kept["id"],
+        "object": "session.deleted",
+        "deleted": True,
+    }
+    assert (
+        http.post(
+            f"/v1/sessions/{kept['id']}/turns", json={"messages": [{"role": "user", "content": "hi"}]}
+        ).status_code
+        == 404
+    )
     assert http.get("/v1/lingcode/stats").json()["sessions"]["expired"] >= 1
 
 
-@pytest.mark.parametrize("body", [
-    {"messages": [{"role": "user", "content": "hi"}], "tools": [READ_FILE]},  # tools belong to the session
-    {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"},  # this session has no tools
-    {"messages": []},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [READ_FILE]},  # tools belong to the session
+        {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"},  # this session has no tools
+        {"messages": []},
+    ],
+)
 def test_bad_turns_are_400s(http, body):
     session = new_session(http)
     response = http.post(f"/v1/sessions/{session['id']}/turns", json=body)

@@ -35,8 +35,12 @@ def model_dir(tmp_path_factory):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(["<|role_end|>"])
     tok.save(str(path / "tokenizer.json"))
-    (path / "config.json").write_text(json.dumps({"architectures": ["BailingMoeV3ForCausalLM"], "max_position_embeddings": 131072}))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|role_end|>", "chat_template": "{{ messages }}"}))
+    (path / "config.json").write_text(
+        json.dumps({"architectures": ["BailingMoeV3ForCausalLM"], "max_position_embeddings": 131072})
+    )
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<|role_end|>", "chat_template": "{{ messages }}"})
+    )
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS]}))
     return path
 
@@ -76,8 +80,10 @@ def test_decoder_turns_cumulative_output_ids_into_new_tokens():
 
 
 def test_decoder_with_incremental_streaming_output():
-    events = [wire.event({"text": "a", "output_ids": [5, 6], "meta_info": wire.meta("r", 2)}),
-              wire.event({"text": "b", "output_ids": [7], "meta_info": wire.meta("r", 3, {"type": "length", "length": 3})})]  # fmt: skip
+    events = [
+        wire.event({"text": "a", "output_ids": [5, 6], "meta_info": wire.meta("r", 2)}),
+        wire.event({"text": "b", "output_ids": [7], "meta_info": wire.meta("r", 3, {"type": "length", "length": 3})}),
+    ]
     decoder = StreamDecoder(incremental=True)
     chunks = [c for line in lines(events) if (c := decoder.feed(line)) is not None]
     assert [(c.token_ids, c.finish_reason) for c in chunks] == [([5, 6], None), ([7], "length")]
@@ -101,9 +107,14 @@ def test_decoder_errors():
 def test_sampling_params_in_sglang_terms():
     params = SamplingParams(max_tokens=500, temperature=0.7, top_p=0.9, top_k=0, seed=7, stop_token_ids=(9,))
     assert sampling_params(params, (EOS,), room=100) == {
-        "max_new_tokens": 100, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "ignore_eos": False,
-        "stop_token_ids": [9, EOS], "sampling_seed": 7,
-    }  # fmt: skip
+        "max_new_tokens": 100,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "ignore_eos": False,
+        "stop_token_ids": [9, EOS],
+        "sampling_seed": 7,
+    }
     greedy = sampling_params(SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True), (EOS,), room=100)
     assert greedy["temperature"] == 0.0 and "stop_token_ids" not in greedy and greedy["ignore_eos"] is True
 
@@ -128,7 +139,12 @@ async def test_generate_streams_tokens_and_reports_cache_and_acceptance(replay, 
     assert body["sampling_params"]["stop_token_ids"] == [EOS] and body["sampling_params"]["max_new_tokens"] == 64
     assert replay.auth == ["Bearer k3y"] and replay.aborts == []
     stats = engine.stats()
-    assert (stats["finished"], stats["prompt_tokens"], stats["cached_tokens"], stats["generated_tokens"]) == (1, 5, 3, 10)
+    assert (stats["finished"], stats["prompt_tokens"], stats["cached_tokens"], stats["generated_tokens"]) == (
+        1,
+        5,
+        3,
+        10,
+    )
     assert stats["last_request"]["spec_verify_ct"] == 3 and stats["last_request"]["ttft_ms"] > 0
     assert stats["last_request"]["accept_length"] == pytest.approx(10 / 3)
     await engine.close()
@@ -138,14 +154,27 @@ async def test_generate_text_reports_accept_length_in_timings(replay, model_dir)
     """Through lingcode core (scheduler, detokenizer, timing), as every API route streams."""
     steps = [[5], [5, 6, 7], [5, 6, 7, 8, EOS]]
     replay.generate = lambda rid, body: [
-        *(wire.event({"text": None, "output_ids": ids, "meta_info": wire.meta(rid, len(ids), cached_tokens=2)})
-          for ids in steps[:-1]),
-        wire.event({"text": "w5 w6 w7 w8", "output_ids": steps[-1], "meta_info": {
-            **wire.meta(rid, 5, {"type": "stop", "matched": EOS}, cached_tokens=2), "e2e_latency": 0.01,
-            "spec_accept_rate": 0.25, "spec_accept_length": 2.5, "spec_num_correct_drafts": 2,
-            "spec_num_proposed_drafts": 8, "spec_verify_ct": 2}}),
+        *(
+            wire.event({"text": None, "output_ids": ids, "meta_info": wire.meta(rid, len(ids), cached_tokens=2)})
+            for ids in steps[:-1]
+        ),
+        wire.event(
+            {
+                "text": "w5 w6 w7 w8",
+                "output_ids": steps[-1],
+                "meta_info": {
+                    **wire.meta(rid, 5, {"type": "stop", "matched": EOS}, cached_tokens=2),
+                    "e2e_latency": 0.01,
+                    "spec_accept_rate": 0.25,
+                    "spec_accept_length": 2.5,
+                    "spec_num_correct_drafts": 2,
+                    "spec_num_proposed_drafts": 8,
+                    "spec_verify_ct": 2,
+                },
+            }
+        ),
         wire.DONE,
-    ]  # fmt: skip
+    ]
     engine = make_engine(replay, model_dir)
     chunks = [c async for c in generate_text(Scheduler(engine), engine.info.tokenizer, "r1", [1, 2, 3, 4], GREEDY)]
     last = chunks[-1]

@@ -17,7 +17,9 @@ from lingcode.engine.sglang import probe
 
 def lingcode(*args: str, home, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "LINGCODE_HOME": str(home), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "lingcode", *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "lingcode", *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def one_line_failure(result: subprocess.CompletedProcess, code: int = 2) -> str:
@@ -40,8 +42,17 @@ def test_serve_sglang_without_gpus_exits_at_once_with_one_line(tmp_path):
 def test_serve_sglang_one_line_errors(tmp_path):
     line = one_line_failure(lingcode("serve", "--engine", "sglang", "--profile", "nope", "--port", "0", home=tmp_path))
     assert "unknown SGLang profile 'nope'" in line
-    off_machine = lingcode("serve", "--engine", "sglang", "--engine-url", "http://10.9.8.7:30000", "--port", "0",
-                           home=tmp_path, env={"LINGCODE_SGLANG_API_KEY": ""})  # fmt: skip
+    off_machine = lingcode(
+        "serve",
+        "--engine",
+        "sglang",
+        "--engine-url",
+        "http://10.9.8.7:30000",
+        "--port",
+        "0",
+        home=tmp_path,
+        env={"LINGCODE_SGLANG_API_KEY": ""},
+    )
     assert "must run with --api-key" in one_line_failure(off_machine)
     local_only = lingcode("serve", "--profile", "ling-3.0-flash-dspark", home=tmp_path)
     assert "go with --engine sglang" in one_line_failure(local_only)
@@ -57,7 +68,9 @@ def test_sglang_args_prints_what_sglangs_parser_accepts(tmp_path):
     assert launch["env"]["SGLANG_OPT_FUSED_KDA_VERIFY"] == "1"
     (parsed,) = probe.parse_launch_args(sys.executable, [launch])
     assert "error" not in parsed and parsed["inexact_flags"] == []
-    assert parsed["args"]["speculative_algorithm"] == "DSPARK" and parsed["args"]["model_path"] == "/models/Ling-3.0-flash"
+    assert (
+        parsed["args"]["speculative_algorithm"] == "DSPARK" and parsed["args"]["model_path"] == "/models/Ling-3.0-flash"
+    )
     text = lingcode("sglang-args", "--profile", "ling-3.0-flash-dspark-hopper", home=tmp_path).stdout
     assert "-m sglang.launch_server" in text and "SGLANG_RAGGED_VERIFY_MODE=static" in text and "trtllm_mla" not in text
 
@@ -69,4 +82,7 @@ def test_doctor_says_what_is_missing_for_sglang(tmp_path):
     assert "SGLang engine: profile ling-3.0-flash-dspark" in out
     assert "DSpark speculative decoding" in out and "one request at a time" in out
     assert "warning: prefix (radix) cache is off" in out
-    assert "missing: no NVIDIA GPU found" in out and "missing: model inclusionAI/Ling-3.0-flash is not a local directory" in out
+    assert (
+        "missing: no NVIDIA GPU found" in out
+        and "missing: model inclusionAI/Ling-3.0-flash is not a local directory" in out
+    )

@@ -27,8 +27,11 @@ from lingcode.engine.sglang.adapter import generate_body, sampling_params
 from lingcode.engine.sglang.profiles import SGLANG_VERSION, builtin_profiles, resolve, verify_window
 
 if importlib.util.find_spec("sglang") is None:
-    pytest.fail("sglang is not installed: `make test` installs it (pip install --no-deps "
-                f"sglang=={SGLANG_VERSION} -r tests/sglang-parser-requirements.txt)", pytrace=False)  # fmt: skip
+    pytest.fail(
+        "sglang is not installed: `make test` installs it (pip install --no-deps "
+        f"sglang=={SGLANG_VERSION} -r tests/sglang-parser-requirements.txt)",
+        pytrace=False,
+    )
 
 # Runs before SGLang is imported: parsing must not reach the network, start processes (nvidia-smi)
 # or initialise CUDA. Asking torch whether CUDA exists is allowed, and recorded.
@@ -84,8 +87,12 @@ def parsed(tmp_path_factory):
 
 def test_the_installed_sglang_is_the_one_the_profiles_are_written_for():
     assert importlib.metadata.version("sglang") == SGLANG_VERSION
-    assert set(PROFILES) >= {"ling-3.0-flash-dspark", "ling-3.0-flash-nextn", "ling-3.0-flash-dspark-hopper",
-                             "ling-3.0-flash-dspark-agent"}  # fmt: skip
+    assert set(PROFILES) >= {
+        "ling-3.0-flash-dspark",
+        "ling-3.0-flash-nextn",
+        "ling-3.0-flash-dspark-hopper",
+        "ling-3.0-flash-dspark-agent",
+    }
 
 
 def test_parsing_touches_no_gpu_and_no_network(parsed):
@@ -171,14 +178,26 @@ print("ok")
 
 def test_requests_fit_sglang_schema_and_the_replayed_bytes_are_sglangs():
     bodies = [
-        {"rid": "r-1", "input_ids": [1, 2, 3], "stream": True, "sampling_params": sampling_params(params, (156895,), 1000)}
-        for params in (SamplingParams(max_tokens=16, temperature=0.0),
-                       SamplingParams(max_tokens=16, temperature=0.6, top_p=0.95, top_k=20, seed=3, stop_token_ids=(7,)),
-                       SamplingParams(max_tokens=16, ignore_eos=True))
-    ]  # fmt: skip
+        {
+            "rid": "r-1",
+            "input_ids": [1, 2, 3],
+            "stream": True,
+            "sampling_params": sampling_params(params, (156895,), 1000),
+        }
+        for params in (
+            SamplingParams(max_tokens=16, temperature=0.0),
+            SamplingParams(max_tokens=16, temperature=0.6, top_p=0.95, top_k=20, seed=3, stop_token_ids=(7,)),
+            SamplingParams(max_tokens=16, ignore_eos=True),
+        )
+    ]
     events = [e.decode() for e in wire.DSPARK_STREAM + wire.ERROR_STREAM if e != wire.DONE]
-    done = subprocess.run([sys.executable, "-c", SCHEMA], input=json.dumps({"bodies": bodies, "events": events}),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", SCHEMA],
+        input=json.dumps({"bodies": bodies, "events": events}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
@@ -234,12 +253,19 @@ except TypeError:
 def test_generate_bodies_fit_sglangs_own_request_dataclass():
     """What the adapter sends to /generate, through sglang.srt.managers.io_struct.GenerateReqInput and the
     scheduler's SamplingParams checks (a guard: an unknown key must fail there)."""
-    params = [SamplingParams(max_tokens=16, temperature=0.0),
-              SamplingParams(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, seed=3, stop_token_ids=(7, 9)),
-              SamplingParams(max_tokens=16, ignore_eos=True)]  # fmt: skip
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.0),
+        SamplingParams(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, seed=3, stop_token_ids=(7, 9)),
+        SamplingParams(max_tokens=16, ignore_eos=True),
+    ]
     bodies = [generate_body(f"r-{i}-abc", [1, 2, 3], p, (156895,), 1000) for i, p in enumerate(params)]
-    done = subprocess.run([sys.executable, "-c", REQUEST], input=json.dumps({"bodies": bodies, "vocab_size": 157184}),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", REQUEST],
+        input=json.dumps({"bodies": bodies, "vocab_size": 157184}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.stdout.strip().splitlines()[-1:] == ["ok"], done.stderr[-3000:]
 
 
@@ -248,10 +274,20 @@ def test_the_wire_format_the_adapter_reads_is_still_in_sglangs_source():
     root = Path(importlib.util.find_spec("sglang").origin).parent / "srt"
     http = (root / "entrypoints" / "http_server.py").read_text()
     manager = (root / "managers" / "tokenizer_manager.py").read_text()
-    for line in ('yield b"data: " + dumps_json(out) + b"\\n\\n"', 'yield b"data: [DONE]\\n\\n"',
-                 '@app.post("/abort_request")', '@app.get("/health_generate")', '@app.get("/server_info")'):  # fmt: skip
+    for line in (
+        'yield b"data: " + dumps_json(out) + b"\\n\\n"',
+        'yield b"data: [DONE]\\n\\n"',
+        '@app.post("/abort_request")',
+        '@app.get("/health_generate")',
+        '@app.get("/server_info")',
+    ):
         assert line in http, line
-    for line in ('"prompt_tokens": recv_obj.prompt_tokens[i]', '"completion_tokens": recv_obj.completion_tokens[i]',
-                 '"cached_tokens": recv_obj.cached_tokens[i]', 'meta_info["spec_accept_length"]',
-                 '"output_ids": state.output_ids.copy()', 'meta_info["e2e_latency"]'):  # fmt: skip
+    for line in (
+        '"prompt_tokens": recv_obj.prompt_tokens[i]',
+        '"completion_tokens": recv_obj.completion_tokens[i]',
+        '"cached_tokens": recv_obj.cached_tokens[i]',
+        'meta_info["spec_accept_length"]',
+        '"output_ids": state.output_ids.copy()',
+        'meta_info["e2e_latency"]',
+    ):
         assert line in manager, line

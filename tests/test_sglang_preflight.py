@@ -42,12 +42,16 @@ def test_gpu_problems_each_one_line_with_the_fix(home):
     dspark, hopper = resolve("ling-3.0-flash-dspark"), resolve("ling-3.0-flash-dspark-hopper")
     b200, h100 = parse_nvidia_smi(B200), parse_nvidia_smi(H100)
     assert gpu_problems(dspark, visible(b200, "0,1,3"), None) == [
-        "3 GPU(s) visible, profile ling-3.0-flash-dspark needs 4 (tp-size 4); free or expose more GPUs (CUDA_VISIBLE_DEVICES)"]
+        "3 GPU(s) visible, profile ling-3.0-flash-dspark needs 4 (tp-size 4); free or expose more GPUs (CUDA_VISIBLE_DEVICES)"
+    ]
     (memory,) = gpu_problems(dspark, b200, None)
     assert memory.startswith("GPU 2 (NVIDIA B200) has 39 GiB free (140 GiB held by other processes")
     problems = gpu_problems(dspark, h100, None)
     assert "driver 575.57.08 is too old" in problems[0] and "driver 580 or newer" in problems[0]
-    assert "profile ling-3.0-flash-dspark is for Blackwell (trtllm_mla): use --profile ling-3.0-flash-dspark-hopper" in problems[1]
+    assert (
+        "profile ling-3.0-flash-dspark is for Blackwell (trtllm_mla): use --profile ling-3.0-flash-dspark-hopper"
+        in problems[1]
+    )
     assert gpu_problems(hopper, h100, None) == [problems[0]]  # the Hopper profile fits, but the driver is too old
     (none,) = gpu_problems(dspark, [], "nvidia-smi is not on PATH")
     assert none.startswith("no NVIDIA GPU found (nvidia-smi is not on PATH)") and "--engine local" in none
@@ -67,8 +71,10 @@ def test_interpreter_and_model_problems(home, tmp_path):
     profile = resolve(config={"python": str(tmp_path / "no-such-python")})
     found = preflight.inspect(profile)
     assert any("cannot ask the SGLang interpreter" in p and "[sglang] python" in p for p in found.problems)
-    assert any(p.startswith("model inclusionAI/Ling-3.0-flash is not a local directory (download: huggingface-cli download")
-               for p in found.problems)  # fmt: skip
+    assert any(
+        p.startswith("model inclusionAI/Ling-3.0-flash is not a local directory (download: huggingface-cli download")
+        for p in found.problems
+    )
     model = tmp_path / "Ling-3.0-flash"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -108,4 +114,6 @@ def test_doctor_explains_each_switch_and_what_is_missing(home):
     hopper = {r.name: r for r in doctor.switch_rows(resolve("ling-3.0-flash-dspark-hopper"))}
     assert "MLA attention on trtllm_mla" not in hopper and hopper["MLA attention left to SGLang (fa3)"].on
     nextn = {r.name: r for r in doctor.switch_rows(resolve("ling-3.0-flash-nextn"))}
-    assert nextn["DSpark speculative decoding"].warning.startswith("DSpark speculative decoding is off: NEXTN tuned: 606 tok/s")
+    assert nextn["DSpark speculative decoding"].warning.startswith(
+        "DSpark speculative decoding is off: NEXTN tuned: 606 tok/s"
+    )

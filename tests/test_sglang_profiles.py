@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lingcode.engine.sglang.profiles import DEFAULT_PROFILE, ProfileError, builtin_profiles, load_config, resolve, to_argv
+from lingcode.engine.sglang.profiles import (
+    DEFAULT_PROFILE,
+    ProfileError,
+    builtin_profiles,
+    load_config,
+    resolve,
+    to_argv,
+)
 
 
 @pytest.fixture
@@ -23,15 +30,28 @@ def test_the_default_profile_is_the_blogs_command_plus_the_cookbooks_switches(ho
     assert p.name == DEFAULT_PROFILE == "ling-3.0-flash-dspark" and p.arch == "blackwell" and p.tp_size == 4
     argv = p.argv
     # the blog's DSpark command, flag for flag
-    for flag in ("--model-path inclusionAI/Ling-3.0-flash", "--tp-size 4", "--trust-remote-code",
-                 "--speculative-algorithm DSPARK", "--speculative-draft-model-path inclusionAI/Ling-3.0-flash-dspark",
-                 "--attention-backend trtllm_mla", "--flashinfer-allreduce-fusion-backend auto", "--disable-radix-cache",
-                 # the cookbook's, and the rest of the latency switches
-                 "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len 32", "--max-running-requests 1",
-                 "--cuda-graph-max-bs-decode 1", "--dtype bfloat16"):  # fmt: skip
+    for flag in (
+        "--model-path inclusionAI/Ling-3.0-flash",
+        "--tp-size 4",
+        "--trust-remote-code",
+        "--speculative-algorithm DSPARK",
+        "--speculative-draft-model-path inclusionAI/Ling-3.0-flash-dspark",
+        "--attention-backend trtllm_mla",
+        "--flashinfer-allreduce-fusion-backend auto",
+        "--disable-radix-cache",
+        # the cookbook's, and the rest of the latency switches
+        "--enable-linear-replayssm-spec",
+        "--linear-replayssm-cache-len 32",
+        "--max-running-requests 1",
+        "--cuda-graph-max-bs-decode 1",
+        "--dtype bfloat16",
+    ):
         assert flag in " ".join(argv), flag
-    assert p.env == {"SGLANG_RAGGED_VERIFY_MODE": "static", "SGLANG_OPT_FUSED_KDA_VERIFY": "1",
-                     "SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED": "1"}  # fmt: skip
+    assert p.env == {
+        "SGLANG_RAGGED_VERIFY_MODE": "static",
+        "SGLANG_OPT_FUSED_KDA_VERIFY": "1",
+        "SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED": "1",
+    }
     assert p.sources["args.tp-size"] == "profile ling-3.0-flash-dspark"
     assert p.command()[1:3] == ["-m", "sglang.launch_server"]
 
@@ -50,13 +70,16 @@ def test_variants_change_only_what_they_say(home):
 
 
 def test_config_toml_overrides_any_flag_and_env(home):
-    write_config(home, """
+    write_config(
+        home,
+        """
 [sglang]
 profile = "ling-3.0-flash-dspark-agent"
 python = "/opt/sglang/bin/python"
 args = { model-path = "/models/Ling-3.0-flash", mem-fraction-static = 0.85, cuda-graph-max-bs-decode = false }
 env = { SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED = false, NCCL_DEBUG = "WARN" }
-""")
+""",
+    )
     p = resolve()
     assert p.name == "ling-3.0-flash-dspark-agent" and p.python == "/opt/sglang/bin/python"
     assert p.args["model-path"] == "/models/Ling-3.0-flash" and "--mem-fraction-static" in p.argv
@@ -76,16 +99,25 @@ def test_a_profile_file_of_ones_own(home, tmp_path):
     assert p.tp_size == 2 and p.description == "two GPUs" and p.args["speculative-algorithm"] == "DSPARK"
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"port": 30000}, "set by lingcode at launch"),
-    ({"max-running-requests": False}, "max-running-requests must be set"),
-    ({"linear-replayssm-cache-len": 8}, "shorter than the verify window of 9"),
-    ({"enable-linear-replayssm": True}, "exclude each other"),
-    ({"disable-radix-cache": False, "mamba-radix-cache-strategy": "no_buffer"}, "no_buffer needs overlap"),
-    ({"disable-radix-cache": False, "mamba-radix-cache-strategy": "extra_buffer", "mamba-track-interval": 8}, ">= the verify window"),
-    ({"disable-radix-cache": False, "mamba-radix-cache-strategy": "extra_buffer", "mamba-track-interval": 96}, "multiple of page-size 64"),
-    ({"speculative-draft-model-path": "${nothing}"}, "names no other flag"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"port": 30000}, "set by lingcode at launch"),
+        ({"max-running-requests": False}, "max-running-requests must be set"),
+        ({"linear-replayssm-cache-len": 8}, "shorter than the verify window of 9"),
+        ({"enable-linear-replayssm": True}, "exclude each other"),
+        ({"disable-radix-cache": False, "mamba-radix-cache-strategy": "no_buffer"}, "no_buffer needs overlap"),
+        (
+            {"disable-radix-cache": False, "mamba-radix-cache-strategy": "extra_buffer", "mamba-track-interval": 8},
+            ">= the verify window",
+        ),
+        (
+            {"disable-radix-cache": False, "mamba-radix-cache-strategy": "extra_buffer", "mamba-track-interval": 96},
+            "multiple of page-size 64",
+        ),
+        ({"speculative-draft-model-path": "${nothing}"}, "names no other flag"),
+    ],
+)
 def test_constraints_fail_early_with_the_reason(home, args, message):
     with pytest.raises(ProfileError, match=message):
         resolve(config={"args": args})
@@ -104,9 +136,23 @@ def test_config_mistakes_are_named(home):
 
 def test_to_argv():
     assert to_argv({"a": True, "b": False, "c": 3, "d": [1, 2], "e": {"k": "v"}, "f": 0.5}) == [
-        "--a", "--c", "3", "--d", "1", "2", "--e", '{"k":"v"}', "--f", "0.5"]  # fmt: skip
+        "--a",
+        "--c",
+        "3",
+        "--d",
+        "1",
+        "2",
+        "--e",
+        '{"k":"v"}',
+        "--f",
+        "0.5",
+    ]
 
 
 def test_builtin_profiles_are_shipped():
-    assert set(builtin_profiles()) == {"ling-3.0-flash-dspark", "ling-3.0-flash-nextn", "ling-3.0-flash-dspark-hopper",
-                                       "ling-3.0-flash-dspark-agent"}  # fmt: skip
+    assert set(builtin_profiles()) == {
+        "ling-3.0-flash-dspark",
+        "ling-3.0-flash-nextn",
+        "ling-3.0-flash-dspark-hopper",
+        "ling-3.0-flash-dspark-agent",
+    }

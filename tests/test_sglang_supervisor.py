@@ -63,11 +63,28 @@ def standin(tmp_path):
 
 def make(standin, tmp_path, lines=None, backoff_s=(0.2, 0.4), **env) -> Supervisor:
     port = free_port()
-    command = [str(standin), "-m", "sglang.launch_server", "--model-path", "m", "--port", str(port), "--api-key", "s3cret"]
+    command = [
+        str(standin),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--port",
+        str(port),
+        "--api-key",
+        "s3cret",
+    ]
     env = {"STANDIN_DIR": str(tmp_path), **{k: str(v) for k, v in env.items()}}
-    return Supervisor(command, env, url=f"http://127.0.0.1:{port}", log_file=tmp_path / "state" / "sglang.log",
-                      on_line=(lines.append if lines is not None else lambda line: None),
-                      backoff_s=backoff_s, max_failures=2, stop_grace_s=1.0)  # fmt: skip
+    return Supervisor(
+        command,
+        env,
+        url=f"http://127.0.0.1:{port}",
+        log_file=tmp_path / "state" / "sglang.log",
+        on_line=(lines.append if lines is not None else lambda line: None),
+        backoff_s=backoff_s,
+        max_failures=2,
+        stop_grace_s=1.0,
+    )
 
 
 def pids(tmp_path: Path, name: str) -> list[int]:
@@ -185,8 +202,13 @@ def model_dir(tmp_path):
 
 
 def test_an_interpreter_that_cannot_run_is_one_line(tmp_path):
-    sup = Supervisor([str(tmp_path / "nope" / "python"), "-m", "sglang.launch_server"], {}, url="http://127.0.0.1:9",
-                     log_file=tmp_path / "sglang.log", on_line=lambda line: None)  # fmt: skip
+    sup = Supervisor(
+        [str(tmp_path / "nope" / "python"), "-m", "sglang.launch_server"],
+        {},
+        url="http://127.0.0.1:9",
+        log_file=tmp_path / "sglang.log",
+        on_line=lambda line: None,
+    )
     with pytest.raises(StartupFailed, match="cannot run .*nope/python"):
         sup.start()
     assert sup.state == "failed"

@@ -9,8 +9,17 @@ from __future__ import annotations
 
 from lingcode.bench.soak import Soak, SoakConfig
 
-SHORT = SoakConfig(turns=20, max_tokens=10, completion_every=3, cancel_every=5, queued_cancel_every=7,
-                   conversation_turns=4, warmup_turns=5, sample_every=3, rss_growth_bound_mb=64)  # fmt: skip
+SHORT = SoakConfig(
+    turns=20,
+    max_tokens=10,
+    completion_every=3,
+    cancel_every=5,
+    queued_cancel_every=7,
+    conversation_turns=4,
+    warmup_turns=5,
+    sample_every=3,
+    rss_growth_bound_mb=64,
+)
 
 
 def test_short_soak(daemon):

@@ -15,13 +15,13 @@ from lingcode.engine.local.speculative import DraftLength, NGramDrafter, verify_
 from lingcode.pipeline.generation import generate_text
 from lingcode.pipeline.scheduler import Scheduler
 
-CODE = '''def add(a, b):
+CODE = """def add(a, b):
     return a + b
 
 
 def subtract(a, b):
     return a - b
-'''
+"""
 
 PROMPTS = [
     "Write a Python function that reverses a string.",
@@ -210,9 +210,14 @@ def test_the_cpu_argmax_picks_the_ids_torch_picks():
     generator = torch.Generator().manual_seed(0)
     wide = torch.randn(5, 49152, generator=generator)
     cases = [
-        wide[0], wide, wide[1:4], wide.t()[:7],  # a row, a batch, a slice, strided columns
-        torch.tensor([1.0, 3.0, 3.0, 2.0]), torch.tensor([[2.0, 2.0], [1.0, 2.0]]),  # ties
-        torch.tensor([1.0, float("nan"), 5.0, float("nan")]), torch.tensor([float("-inf"), float("-inf")]),
+        wide[0],
+        wide,
+        wide[1:4],
+        wide.t()[:7],  # a row, a batch, a slice, strided columns
+        torch.tensor([1.0, 3.0, 3.0, 2.0]),
+        torch.tensor([[2.0, 2.0], [1.0, 2.0]]),  # ties
+        torch.tensor([1.0, float("nan"), 5.0, float("nan")]),
+        torch.tensor([float("-inf"), float("-inf")]),
         torch.randn(8, generator=generator).to(torch.bfloat16),  # not float32: torch's own
     ]
     with torch.inference_mode():  # as the engine calls it

@@ -108,12 +108,68 @@ def random_texts(seed: int, count: int) -> list[str]:
     """Strings of code, whitespace, contractions, special-token text and any code point at all."""
     rng = random.Random(seed)
     pool = [
-        "a", "Z", "hello", " world", "def", "'s", "'S", "'LL", "'re", "'Ve", "'", "''", "7", "12", "2024",
-        " ", "  ", "\t", "\n", "\n\n", "\r", "\r\n", "\x0b", "\x0c", "\x85", "\xa0", "\u3000", "\u2028", "\x04", "\x1d",
-        "(", ")", "{}", "...", "->", "==", "#", '"', "`", "中文", "日本", "한", "😀", "👨\u200d👩\u200d👧", "🇫🇷",
-        "e\u0301", "\u0301", "ال", "١٢", "²", "Ⅻ", "ſ", "\U00013460", "\U00016d70",
-        "<|im_start|>", "<|im_end|>", "<|fim_middle|>", "<tool_call>", "<|im_", "|>", "<|endoftext|>",
-    ]  # fmt: skip
+        "a",
+        "Z",
+        "hello",
+        " world",
+        "def",
+        "'s",
+        "'S",
+        "'LL",
+        "'re",
+        "'Ve",
+        "'",
+        "''",
+        "7",
+        "12",
+        "2024",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\n\n",
+        "\r",
+        "\r\n",
+        "\x0b",
+        "\x0c",
+        "\x85",
+        "\xa0",
+        "\u3000",
+        "\u2028",
+        "\x04",
+        "\x1d",
+        "(",
+        ")",
+        "{}",
+        "...",
+        "->",
+        "==",
+        "#",
+        '"',
+        "`",
+        "中文",
+        "日本",
+        "한",
+        "😀",
+        "👨\u200d👩\u200d👧",
+        "🇫🇷",
+        "e\u0301",
+        "\u0301",
+        "ال",
+        "١٢",
+        "²",
+        "Ⅻ",
+        "ſ",
+        "\U00013460",
+        "\U00016d70",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|fim_middle|>",
+        "<tool_call>",
+        "<|im_",
+        "|>",
+        "<|endoftext|>",
+    ]
     texts = []
     for _ in range(count):
         parts = []
@@ -144,8 +200,13 @@ def test_gguf_tokenizer_gives_llama_cpps_ids_live(model, request, recorded):
         path = request.getfixturevalue("model_path")
         tokenizer = gguf_tokenizer(path)
     texts = [r["text"] for r in recorded] + random_texts(seed=20241206, count=1500) + code_point_probes()
-    done = subprocess.run([str(LLAMA_PYTHON), str(RECORDER), "--stdin", str(path)], input=json.dumps(texts),
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [str(LLAMA_PYTHON), str(RECORDER), "--stdin", str(path)],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     expected = json.loads(done.stdout)
     assert len(expected) == len(texts)

@@ -18,7 +18,9 @@ from lingcode.agent.reasoning import ReasoningSplitter
 from lingcode.agent.tool_parsers import CallArgs, CallStart, Text, Tool, make_parser
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "tool_streams.json").read_text())
-WEATHER = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}})
+WEATHER = Tool(
+    "get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+)
 
 
 def parse(name: str, chunks: list[str], tools=(WEATHER,)):
@@ -102,10 +104,13 @@ def test_hermes_text_is_held_back_only_while_it_could_be_a_tag():
     assert parser.finish() == []
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>{"arguments": {"city": "Oslo"}, "name": "get_weather"}</tool_call>',  # arguments first
-    '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}</tool_call>',  # arguments as a string
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"arguments": {"city": "Oslo"}, "name": "get_weather"}</tool_call>',  # arguments first
+        '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}</tool_call>',  # arguments as a string
+    ],
+)
 def test_hermes_other_orders_are_parsed_whole(text):
     _, calls, events = parse("hermes", list(text))
     check_fragments_add_up(events, calls)
@@ -149,7 +154,9 @@ THINK = Reasoning("<think>", "</think>", ("<tool_call>",))
 LING3 = family_of("Ling-3.0-flash").reasoning  # THINK, and output that is all reasoning is the answer too
 
 
-def split_all(tags: Reasoning, starts_inside: bool, chunks: list[str], complete: bool = True) -> tuple[str, str, ReasoningSplitter]:
+def split_all(
+    tags: Reasoning, starts_inside: bool, chunks: list[str], complete: bool = True
+) -> tuple[str, str, ReasoningSplitter]:
     """The streamed totals (reasoning, answer) and the splitter, for whole-reply questions."""
     splitter = ReasoningSplitter(tags, starts_inside)
     parts = [splitter.feed(chunk) for chunk in chunks] + [splitter.finish(complete)]
@@ -169,25 +176,35 @@ def chunkings(text: str) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("starts_inside,text,reasoning,answer", [
-    (True, "I should look it up.</think>\n\nIt is sunny.", "I should look it up.", "It is sunny."),
-    (False, "<think>short</think>Answer", "short", "Answer"),
-    (False, "  <think>short</think>Answer", "short", "Answer"),
-    (False, "No thinking here.", "", "No thinking here."),
-    (True, "Need a tool.<tool_call>get_weather\n</tool_call>", "Need a tool.", "<tool_call>get_weather\n</tool_call>"),
-    (True, "<think>Its own tag.</think>Answer", "Its own tag.", "Answer"),  # the prompt had opened the block
-    (True, "<think></think>Answer", "", "Answer"),
-    (True, "</think>Answer", "", "Answer"),
-    (True, "A <think> in the middle is text.</think>Answer", "A <think> in the middle is text.", "Answer"),
-    (False, "Answer, then <think>no reasoning</think>", "", "Answer, then <think>no reasoning</think>"),
-    (True, "Cut off in the end tag</thi", "Cut off in the end tag</thi", ""),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "starts_inside,text,reasoning,answer",
+    [
+        (True, "I should look it up.</think>\n\nIt is sunny.", "I should look it up.", "It is sunny."),
+        (False, "<think>short</think>Answer", "short", "Answer"),
+        (False, "  <think>short</think>Answer", "short", "Answer"),
+        (False, "No thinking here.", "", "No thinking here."),
+        (
+            True,
+            "Need a tool.<tool_call>get_weather\n</tool_call>",
+            "Need a tool.",
+            "<tool_call>get_weather\n</tool_call>",
+        ),
+        (True, "<think>Its own tag.</think>Answer", "Its own tag.", "Answer"),  # the prompt had opened the block
+        (True, "<think></think>Answer", "", "Answer"),
+        (True, "</think>Answer", "", "Answer"),
+        (True, "A <think> in the middle is text.</think>Answer", "A <think> in the middle is text.", "Answer"),
+        (False, "Answer, then <think>no reasoning</think>", "", "Answer, then <think>no reasoning</think>"),
+        (True, "Cut off in the end tag</thi", "Cut off in the end tag</thi", ""),
+    ],
+)
 def test_reasoning_split(starts_inside, text, reasoning, answer):
     for chunks in chunkings(text):
         assert split_all(THINK, starts_inside, chunks)[:2] == (reasoning, answer), chunks
 
 
-@pytest.mark.parametrize("starts_inside,text", [(True, "Still thinking when max_tokens cut"), (False, "<think>Never closed")])
+@pytest.mark.parametrize(
+    "starts_inside,text", [(True, "Still thinking when max_tokens cut"), (False, "<think>Never closed")]
+)
 def test_ling3_output_that_is_all_reasoning_is_the_answer_too(starts_inside, text):
     """As SGLang's ling3 parser: streamed, the reasoning and then all of it again as the answer;
     the whole reply, the answer alone. Not after an abort, and not for families without the rule."""
@@ -215,7 +232,11 @@ def test_any_answer_keeps_the_reasoning_apart(text):
 def test_families_from_data():
     assert family_of("Smollm2 135M 8k Lc100K Mix1 Ep2").tool_parser == "hermes"
     ling = family_of("inclusionAI/Ling-3.0-flash")
-    assert ling.tool_parser == "ling3" and ling.reasoning.start == "<think>" and "<tool_call>" in ling.reasoning.also_ends_at
+    assert (
+        ling.tool_parser == "ling3"
+        and ling.reasoning.start == "<think>"
+        and "<tool_call>" in ling.reasoning.also_ends_at
+    )
     assert ling.reasoning.nonempty_content and not family_of("Qwen3-8B").reasoning.nonempty_content
     assert family_of("some-model", architecture="BailingMoeV3ForCausalLM").name == "ling3"
     assert family_of("unknown-model").name == "default"
@@ -229,8 +250,13 @@ def test_a_call_that_repeats_an_earlier_one_is_dropped_and_ends_the_turn(step):
     from lingcode.pipeline.turns import _CallFilter
 
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>\n'
-    cases = {("Paris", "Paris"): ["Paris"], ("Paris", "Parma"): ["Paris", "Parma"], ("Paris", "Paris2"): ["Paris", "Paris2"],
-             ("Paris", "Rome", "Paris", "Rome"): ["Paris", "Rome"], ("Paris", "Rome", "Parma"): ["Paris", "Rome", "Parma"]}
+    cases = {
+        ("Paris", "Paris"): ["Paris"],
+        ("Paris", "Parma"): ["Paris", "Parma"],
+        ("Paris", "Paris2"): ["Paris", "Paris2"],
+        ("Paris", "Rome", "Paris", "Rome"): ["Paris", "Rome"],
+        ("Paris", "Rome", "Parma"): ["Paris", "Rome", "Parma"],
+    }
     for cities, expected in cases.items():
         calls = _CallFilter(make_parser("hermes", [Tool("get_weather")]))
         text, events = "".join(call % c for c in cities), []

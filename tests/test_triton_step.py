@@ -24,7 +24,10 @@ def test_triton_kernels_match_the_torch_path_in_the_interpreter(checks):
     checks = Path(__file__).with_name(checks)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(checks)],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, f"{checks.name} failed:\n{done.stdout[-12000:]}\n{done.stderr[-4000:]}"
     assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]

@@ -88,8 +88,9 @@ def test_the_stats_line_reads_the_daemons_timings():
         "timings": {"ttft_ms": 120.4, "tpot_ms": 8.0, "tokens_per_s": 125.0, "accept_length": 2.71},
         "usage": {"prompt_tokens": 300, "completion_tokens": 64, "prompt_tokens_details": {"cached_tokens": 280}},
     }
-    assert answer_line(stats) == ("ttft 120 ms · 125.0 tok/s · 8.0 ms/tok · 2.71 accepted/step · 64 tokens"
-                                  " · prompt 300 (280 cached)")  # fmt: skip
+    assert answer_line(stats) == (
+        "ttft 120 ms · 125.0 tok/s · 8.0 ms/tok · 2.71 accepted/step · 64 tokens · prompt 300 (280 cached)"
+    )
 
 
 async def test_esc_stops_the_answer_at_once_and_the_daemon_aborts_it(home, store, tmp_path):
@@ -152,9 +153,15 @@ async def test_slash_commands_complete_in_the_input_and_act(home, store, tmp_pat
         # Each command is one row of two cells: `/agent [on|off]` is not split at its |.
         help_note = next(n for n in notes(app) if "/sessions" in n)
         tokens = MarkdownIt("gfm-like").parse(help_note)
-        rows = [[t.children[0].content if t.children else "" for t in tokens[i:] if t.type == "inline"][:2]
-                for i, t in enumerate(tokens) if t.type == "tr_open"]  # fmt: skip
-        assert ["/agent [on|off]", "toggle agent mode: the model may read, edit and run commands (asking first)"] in rows
+        rows = [
+            [t.children[0].content if t.children else "" for t in tokens[i:] if t.type == "inline"][:2]
+            for i, t in enumerate(tokens)
+            if t.type == "tr_open"
+        ]
+        assert [
+            "/agent [on|off]",
+            "toggle agent mode: the model may read, edit and run commands (asking first)",
+        ] in rows
 
         await send(pilot, "/system Answer in one word.")
         await pilot.pause()
@@ -308,9 +315,13 @@ async def test_tool_calls_ask_first_and_run_only_when_allowed(home, store, tmp_p
         await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen), "the permission prompt")
         await pilot.press("a")
         await wait_until(pilot, lambda: idle(app), "the agent loop")
-        await app.receive_tool_calls([Call("c5", "run_command", json.dumps({"command": "echo two >> out.txt"})),
-                                      Call("c6", "run_command", json.dumps({"command": "rm out.txt"})),
-                                      Call("c7", "read_file", json.dumps({"path": "out.txt"}))])  # fmt: skip
+        await app.receive_tool_calls(
+            [
+                Call("c5", "run_command", json.dumps({"command": "echo two >> out.txt"})),
+                Call("c6", "run_command", json.dumps({"command": "rm out.txt"})),
+                Call("c7", "read_file", json.dumps({"path": "out.txt"})),
+            ]
+        )
         await wait_until(pilot, lambda: idle(app), "the agent loop")
         assert not isinstance(app.screen, PermissionScreen)
         assert (workdir / "out.txt").read_text() == "one\ntwo\n"
@@ -334,8 +345,10 @@ async def test_the_agents_grep_and_commands_keep_to_the_rules(home, store, tmp_p
     (workdir / "notes.txt").symlink_to("../outside/secret.txt")
     os.mkfifo(workdir / "pipe")  # grep must not block on it
     rules = tmp_path / "permissions.toml"
-    rules.write_text('[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n'
-                     '[[rule]]\ntool = "run_command"\nmatch = "echo hi*"\naction = "allow"\n')  # fmt: skip
+    rules.write_text(
+        '[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n'
+        '[[rule]]\ntool = "run_command"\nmatch = "echo hi*"\naction = "allow"\n'
+    )
     rules.chmod(0o600)
     app = chat_app(store, workdir, permissions=Permissions.load(rules), agent=True, max_tokens=1)
     async with app.run_test(size=SIZE) as pilot:
@@ -344,8 +357,12 @@ async def test_the_agents_grep_and_commands_keep_to_the_rules(home, store, tmp_p
         def results() -> dict:
             return {m.tool_call_id: m.content for m in store.messages(app.session.id) if m.role == "tool"}
 
-        await app.receive_tool_calls([Call("g1", "grep", json.dumps({"pattern": "TOKEN"})),
-                                      Call("c1", "run_command", json.dumps({"command": "echo hi"}))])  # fmt: skip
+        await app.receive_tool_calls(
+            [
+                Call("g1", "grep", json.dumps({"pattern": "TOKEN"})),
+                Call("c1", "run_command", json.dumps({"command": "echo hi"})),
+            ]
+        )
         await wait_until(pilot, lambda: idle(app) and "c1" in results(), "the agent loop")
         assert not isinstance(app.screen, PermissionScreen)  # a grep inside and an allowed command: no question
         grep = results()["g1"]
@@ -362,8 +379,12 @@ async def test_the_agents_grep_and_commands_keep_to_the_rules(home, store, tmp_p
         assert not (workdir / "pwned").exists() and results()["c2"].startswith("denied: the person declined")
 
         # read_file of the link grep held back asks, as grep said it would; the denied file is denied.
-        await app.receive_tool_calls([Call("r1", "read_file", json.dumps({"path": ".env"})),
-                                      Call("r2", "read_file", json.dumps({"path": "notes.txt"}))])  # fmt: skip
+        await app.receive_tool_calls(
+            [
+                Call("r1", "read_file", json.dumps({"path": ".env"})),
+                Call("r2", "read_file", json.dumps({"path": "notes.txt"})),
+            ]
+        )
         await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen), "the permission prompt")
         assert app.screen.tool == "read_file" and "outside" in app.screen.subject
         await pilot.press("n")
@@ -390,11 +411,15 @@ async def test_a_symlink_loop_is_a_tool_error_and_a_folder_rule_covers_its_files
         def tool_results() -> dict:
             return {m.tool_call_id: m.content for m in store.messages(app.session.id) if m.role == "tool"}
 
-        await app.receive_tool_calls([Call("g1", "grep", json.dumps({"pattern": "TOKEN"})),
-                                      Call("d1", "list_dir", json.dumps({"path": "."})),
-                                      Call("r1", "read_file", json.dumps({"path": "l1"})),
-                                      Call("r2", "read_file", json.dumps({"path": "secrets/key.txt"})),
-                                      Call("w1", "write_file", json.dumps({"path": "l2", "content": ""}))])  # fmt: skip
+        await app.receive_tool_calls(
+            [
+                Call("g1", "grep", json.dumps({"pattern": "TOKEN"})),
+                Call("d1", "list_dir", json.dumps({"path": "."})),
+                Call("r1", "read_file", json.dumps({"path": "l1"})),
+                Call("r2", "read_file", json.dumps({"path": "secrets/key.txt"})),
+                Call("w1", "write_file", json.dumps({"path": "l2", "content": ""})),
+            ]
+        )
         await wait_until(pilot, lambda: idle(app) and len(tool_results()) == 5, "the agent loop")
         results = tool_results()
         assert not isinstance(app.screen, PermissionScreen) and not any("internal error" in n for n in notes(app))
@@ -480,8 +505,12 @@ async def test_no_daemon_starts_one_and_a_lost_daemon_loses_no_message(monkeypat
             await answered(pilot, count=3)
             messages = store.messages(app.session.id)
             assert [(m.role, m.state) for m in messages] == [
-                ("user", "done"), ("assistant", "done"), ("user", "done"), ("assistant", "error"),
-                ("assistant", "done")]  # fmt: skip
+                ("user", "done"),
+                ("assistant", "done"),
+                ("user", "done"),
+                ("assistant", "error"),
+                ("assistant", "done"),
+            ]
             assert messages[2].content == "Hello again" and "lost the daemon" in messages[3].error
             assert started[1] != started[0] and link_text() == "● smollm2-135m-instruct"
     finally:
@@ -500,7 +529,9 @@ async def test_a_damaged_history_is_moved_aside_and_the_chat_says_so(monkeypatch
     app = chat_app(store, tmp_path)
     try:
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: any("was damaged" in n for n in notes(app)), "the note on the damaged history")
+            await wait_until(
+                pilot, lambda: any("was damaged" in n for n in notes(app)), "the note on the damaged history"
+            )
             [note] = [n for n in app.query(NoteView) if "was damaged" in n.source]
             [aside] = damaged.parent.glob("chat.sqlite3.damaged-*")
             assert str(aside) in note.source and "new, empty history" in note.source and note.has_class("error")

@@ -85,8 +85,10 @@ def seeded(store: ChatStore) -> int:
     store.add(chat.id, "user", "Now without slicing, please.")
     store.add(chat.id, "assistant", AGAIN, stats=AGAIN_STATS)
     for number, session in enumerate(store.sessions()[::-1]):
-        store.db.execute("UPDATE sessions SET created = ?, updated = ? WHERE id = ?",
-                         (SOME_DAY + 3600 * number, SOME_DAY + 3600 * number + 600, session.id))  # fmt: skip
+        store.db.execute(
+            "UPDATE sessions SET created = ?, updated = ? WHERE id = ?",
+            (SOME_DAY + 3600 * number, SOME_DAY + 3600 * number + 600, session.id),
+        )
     return chat.id
 
 
@@ -124,12 +126,24 @@ def test_agent(snap_compare, home, tmp_path):
     store.add(session.id, "user", "Rename the variable x to count in app.py.")
     read = Call("call_1", "read_file", json.dumps({"path": "app.py"}))
     store.add(session.id, "assistant", "", tool_calls=[read.as_openai()])
-    store.add(session.id, "tool", "app.py: lines 1-4 of 4\n    1  x = 0\n    2  for line in open('log.txt'):\n"
-              "    3      x += 1\n    4  print(x)", tool_call_id="call_1")  # fmt: skip
+    store.add(
+        session.id,
+        "tool",
+        "app.py: lines 1-4 of 4\n    1  x = 0\n    2  for line in open('log.txt'):\n    3      x += 1\n    4  print(x)",
+        tool_call_id="call_1",
+    )
     app = chat_app(store, workdir, resume=session.id)
-    edit = Call("call_2", "apply_edit", json.dumps({"path": "app.py", "old_text": "x = 0\nfor line in open('log.txt'):"
-                "\n    x += 1\nprint(x)", "new_text": "count = 0\nfor line in open('log.txt'):\n    count += 1\n"
-                "print(count)"}))  # fmt: skip
+    edit = Call(
+        "call_2",
+        "apply_edit",
+        json.dumps(
+            {
+                "path": "app.py",
+                "old_text": "x = 0\nfor line in open('log.txt'):\n    x += 1\nprint(x)",
+                "new_text": "count = 0\nfor line in open('log.txt'):\n    count += 1\nprint(count)",
+            }
+        ),
+    )
 
     async def edit_asks_first(pilot) -> None:
         await ready(pilot)

@@ -94,8 +94,12 @@ def test_export_writes_markdown_that_fences_cannot_break(tmp_path):
     store = ChatStore(tmp_path / "chat.sqlite3")
     session = store.create(title="Reverse a string", system="Be brief.", workdir="/src")
     store.add(session.id, "user", "Reverse it", attachments=[{"path": "x.md", "text": "```\ncode\n```"}])
-    store.add(session.id, "assistant", "```python\ns[::-1]\n```", stats={"timings": {"tokens_per_s": 30.0,
-              "completion_tokens": 9}})  # fmt: skip
+    store.add(
+        session.id,
+        "assistant",
+        "```python\ns[::-1]\n```",
+        stats={"timings": {"tokens_per_s": 30.0, "completion_tokens": 9}},
+    )
     store.add(session.id, "assistant", "half", state="stopped")
     path = export_session(store, session.id, tmp_path / "out.md")
     text = path.read_text()
@@ -223,11 +227,14 @@ def _store_then(path, *statements: str) -> None:
             db.execute(statement)
 
 
-@pytest.mark.parametrize("statements, why", [
-    (["DROP TABLE messages", "DROP TABLE sessions", "PRAGMA user_version = 2"], "no table"),  # the file
-    (["PRAGMA user_version = 0"], "migration 1 fails"),  # it has the tables, but says it has none
-    (["ALTER TABLE sessions DROP COLUMN always_allow"], "lacks the columns always_allow"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "statements, why",
+    [
+        (["DROP TABLE messages", "DROP TABLE sessions", "PRAGMA user_version = 2"], "no table"),  # the file
+        (["PRAGMA user_version = 0"], "migration 1 fails"),  # it has the tables, but says it has none
+        (["ALTER TABLE sessions DROP COLUMN always_allow"], "lacks the columns always_allow"),
+    ],
+)
 def test_a_store_lingcode_cannot_read_is_moved_aside(tmp_path, statements, why):
     path = tmp_path / "chat.sqlite3"
     _store_then(path, *statements)

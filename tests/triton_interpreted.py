@@ -55,15 +55,26 @@ def tiny_model(dtype, seed: int = 0) -> Transformer:
     q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     shapes = {"tok_embeddings": (cfg.vocab_size, cfg.dim), "norm": (cfg.dim,)}
     for i in range(cfg.n_layers):
-        shapes |= {f"layers.{i}.{name}": shape for name, shape in dict(
-            attn_norm=(cfg.dim,), ffn_norm=(cfg.dim,), wq=(q, cfg.dim), wk=(kv, cfg.dim), wv=(kv, cfg.dim),
-            wo=(cfg.dim, q), w_gate=(cfg.ffn_dim, cfg.dim), w_up=(cfg.ffn_dim, cfg.dim), w_down=(cfg.dim, cfg.ffn_dim),
-        ).items()}  # fmt: skip
+        shapes |= {
+            f"layers.{i}.{name}": shape
+            for name, shape in dict(
+                attn_norm=(cfg.dim,),
+                ffn_norm=(cfg.dim,),
+                wq=(q, cfg.dim),
+                wk=(kv, cfg.dim),
+                wv=(kv, cfg.dim),
+                wo=(cfg.dim, q),
+                w_gate=(cfg.ffn_dim, cfg.dim),
+                w_up=(cfg.ffn_dim, cfg.dim),
+                w_down=(cfg.dim, cfg.ffn_dim),
+            ).items()
+        }
     weights = {
-        name: 1 + 0.1 * torch.randn(shape, generator=gen) if len(shape) == 1
+        name: 1 + 0.1 * torch.randn(shape, generator=gen)
+        if len(shape) == 1
         else torch.randn(shape, generator=gen) / shape[1] ** 0.5
         for name, shape in shapes.items()
-    }  # fmt: skip
+    }
     model = Transformer.from_weights(cfg, weights, dtype, torch.device("cpu"))
     model.setup_cache(cfg.context_length, transposed_keys=False)  # the Triton step's layout
     return model
@@ -118,7 +129,7 @@ def test_norm_qkv_rope_matches_torch_and_writes_only_its_cache_entries(dtype, po
         (8, 1050, 1100),  # nine splits, one tile each
         (2, 2250, 2400),  # more tiles than splits: two tiles a split
     ],
-)  # fmt: skip
+)
 def test_attention_matches_sdpa(dtype, width, end, kv_len):
     model = tiny_model(dtype)
     random_cache(model)

@@ -13,13 +13,19 @@ from lingcode.tui.tools.permissions import Permissions
 SIZE = (100, 32)
 
 
-def chat_app(store: ChatStore, workdir: Path, *, permissions: Permissions | None = None, max_tokens: int = 12,
-             **options) -> ChatApp:  # fmt: skip
+def chat_app(
+    store: ChatStore, workdir: Path, *, permissions: Permissions | None = None, max_tokens: int = 12, **options
+) -> ChatApp:
     """A chat on the daemon that LINGCODE_HOME names; it never starts one of its own (autostart off)."""
     return ChatApp(
-        link=DaemonLink(auto_start=False), store=store, workdir=workdir, permissions=permissions or Permissions([]),
-        max_tokens=max_tokens, temperature=0, **options,
-    )  # fmt: skip
+        link=DaemonLink(auto_start=False),
+        store=store,
+        workdir=workdir,
+        permissions=permissions or Permissions([]),
+        max_tokens=max_tokens,
+        temperature=0,
+        **options,
+    )
 
 
 async def wait_until(pilot, predicate, what: str, timeout: float = 60.0) -> None:

@@ -27,8 +27,14 @@ from lingcode.tui import commands
 from lingcode.tui.attachments import AttachError, attach
 from lingcode.tui.commands import CommandActions, UnknownCommand
 from lingcode.tui.conversation import (
-    INTERRUPTED_RESULT, Reply, context_used, model_messages, request_body, stream_reply, tool_calls_json,
-)  # fmt: skip
+    INTERRUPTED_RESULT,
+    Reply,
+    context_used,
+    model_messages,
+    request_body,
+    stream_reply,
+    tool_calls_json,
+)
 from lingcode.tui.store import ChatSession, ChatStore
 from lingcode.tui.tools.calls import Call, ToolError, schemas
 from lingcode.tui.tools.permissions import Permissions
@@ -58,10 +64,18 @@ class ChatApp(CommandActions, App):
     ]
 
     def __init__(
-        self, *, link: DaemonLink, store: ChatStore, workdir: Path, permissions: Permissions | None = None,
-        resume: int | str | None = None, agent: bool = False, system: str = "", max_tokens: int | None = None,
+        self,
+        *,
+        link: DaemonLink,
+        store: ChatStore,
+        workdir: Path,
+        permissions: Permissions | None = None,
+        resume: int | str | None = None,
+        agent: bool = False,
+        system: str = "",
+        max_tokens: int | None = None,
         temperature: float | None = None,
-    ):  # fmt: skip
+    ):
         super().__init__()
         self.link, self.store, self.workdir = link, store, workdir.resolve()
         # A start's log lines go to a note; its outcome is the Connected message or an error here.
@@ -252,8 +266,13 @@ class ChatApp(CommandActions, App):
             return None
         session = self.session
         messages = model_messages(session, self.store.messages(session.id))
-        body = request_body(self.link.model_id, messages, tools=schemas() if session.agent else None,
-                            max_tokens=self.max_tokens, temperature=self.temperature)  # fmt: skip
+        body = request_body(
+            self.link.model_id,
+            messages,
+            tools=schemas() if session.agent else None,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+        )
         stored = self.store.add(session.id, "assistant", state="streaming")
         view = MessageView("assistant", message_id=stored.id)
         await self.chat.mount(view)
@@ -293,8 +312,13 @@ class ChatApp(CommandActions, App):
             await self.failed(message_id, view, text, "the stream ended before the answer did")
             return None
         stats = reply.stats()
-        self.store.finish(message_id, state="done", content=reply.text, stats=stats,
-                          tool_calls=tool_calls_json(reply.tool_calls) or None)  # fmt: skip
+        self.store.finish(
+            message_id,
+            state="done",
+            content=reply.text,
+            stats=stats,
+            tool_calls=tool_calls_json(reply.tool_calls) or None,
+        )
         await view.finish(reply.text, stats=stats)
         if reply.tool_calls and not reply.text:
             await view.remove()  # the calls show as their own blocks, with the answer's stats on the bar
@@ -309,12 +333,17 @@ class ChatApp(CommandActions, App):
         detail = error.body.get("error")
         code = detail.get("code") if isinstance(detail, dict) else None
         if code == "context_length_exceeded":
-            await self.note(f"The conversation does not fit the model's context ({self.link.context_length} tokens); "
-                            "nothing was cut. /clear starts a fresh context in this session, /new a new session.",
-                            error=True)  # fmt: skip
+            await self.note(
+                f"The conversation does not fit the model's context ({self.link.context_length} tokens); "
+                "nothing was cut. /clear starts a fresh context in this session, /new a new session.",
+                error=True,
+            )
         elif "tools" in error.message and "not supported" in error.message:
-            await self.note("This daemon does not support tool calling yet, so agent mode cannot run. "
-                            "/agent off chats without tools.", error=True)  # fmt: skip
+            await self.note(
+                "This daemon does not support tool calling yet, so agent mode cannot run. "
+                "/agent off chats without tools.",
+                error=True,
+            )
         elif error.status == 429:
             await self.note("The daemon's queue is full; Ctrl+R tries again.", error=True)
         else:
@@ -356,8 +385,9 @@ class ChatApp(CommandActions, App):
             subject, inside, preview = call.subject(self.workdir), call.inside(self.workdir), call.preview(self.workdir)
         except ToolError as e:
             return f"error: {e}", True
-        decision = self.permissions.decide(call.name, subject, reads=call.tool.kind == "read", inside=inside,
-                                           always=self.session.always_allow)  # fmt: skip
+        decision = self.permissions.decide(
+            call.name, subject, reads=call.tool.kind == "read", inside=inside, always=self.session.always_allow
+        )
         if decision.action == "deny":
             return f"denied by {decision.reason}", True
         if decision.action == "ask":
@@ -368,9 +398,13 @@ class ChatApp(CommandActions, App):
                 self.session = self.store.update(self.session.id, always_allow=[*self.session.always_allow, call.name])
         check = None
         if call.tool.walks:  # each file it reaches is decided too, as read_file would be for it
-            check = self.permissions.file_check(call.name, self.workdir, call.root(self.workdir),
-                                                root_approved=decision.action == "ask",
-                                                always=self.session.always_allow)  # fmt: skip
+            check = self.permissions.file_check(
+                call.name,
+                self.workdir,
+                call.root(self.workdir),
+                root_approved=decision.action == "ask",
+                always=self.session.always_allow,
+            )
         try:
             return await call.run(self.workdir, check), True
         except ToolError as e:
@@ -402,8 +436,12 @@ class ChatApp(CommandActions, App):
         earlier = sum(1 for m in messages if m.id <= session.context_start)
         widgets = []
         if earlier:
-            widgets.append(NoteView(f"{earlier} earlier messages are kept in this session but no longer sent "
-                                    "(cleared with /clear); /export writes them all."))  # fmt: skip
+            widgets.append(
+                NoteView(
+                    f"{earlier} earlier messages are kept in this session but no longer sent "
+                    "(cleared with /clear); /export writes them all."
+                )
+            )
         results = {m.tool_call_id: m.content for m in messages if m.role == "tool"}
         for m in messages:
             if m.id <= session.context_start or m.role == "tool":
@@ -436,9 +474,11 @@ class ChatApp(CommandActions, App):
         used, length = context_used(after_clear), self.link.context_length
         self.stats_bar.set_context(used, length)
         if length and used >= WARN_AT * length:
-            self.notify(f"The context is {100 * used // length}% full ({used} of {length} tokens). "
-                        "Nothing is cut: a message that does not fit is refused. /clear or /new make room.",
-                        severity="warning")  # fmt: skip
+            self.notify(
+                f"The context is {100 * used // length}% full ({used} of {length} tokens). "
+                "Nothing is cut: a message that does not fit is refused. /clear or /new make room.",
+                severity="warning",
+            )
 
     def warn_if_tight(self, new_chars: int) -> None:
         length = self.link.context_length
@@ -447,8 +487,11 @@ class ChatApp(CommandActions, App):
         messages = [m for m in self.store.messages(self.session.id) if m.id > self.session.context_start]
         estimate = context_used(messages) + new_chars // CHARS_PER_TOKEN
         if estimate >= length:
-            self.notify(f"This message may not fit: about {estimate} tokens against a context of {length}. "
-                        "If it does not, the daemon refuses it (nothing is cut).", severity="warning")  # fmt: skip
+            self.notify(
+                f"This message may not fit: about {estimate} tokens against a context of {length}. "
+                "If it does not, the daemon refuses it (nothing is cut).",
+                severity="warning",
+            )
 
     @on(MessageView.CodeCopied)
     def code_copied(self, event: MessageView.CodeCopied) -> None:
@@ -461,9 +504,12 @@ class ChatApp(CommandActions, App):
     async def note_store_problems(self) -> None:
         """Rows of the history that were damaged (edited by hand, say) and read as empty or left out."""
         if problems := self.store.take_problems():
-            await self.note(f"The chat history {self.store.path} has damaged rows: " + "; ".join(problems[:5])
-                            + (f"; and {len(problems) - 5} more (see the log)" if len(problems) > 5 else ""),
-                            error=True)  # fmt: skip
+            await self.note(
+                f"The chat history {self.store.path} has damaged rows: "
+                + "; ".join(problems[:5])
+                + (f"; and {len(problems) - 5} more (see the log)" if len(problems) > 5 else ""),
+                error=True,
+            )
 
     def action_stop(self) -> None:
         if self.answering:

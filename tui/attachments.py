@@ -28,8 +28,10 @@ def attach(text: str, workdir: Path) -> tuple[list[dict], list[str]]:
             continue
         size = path.stat().st_size
         if size > MAX_ATTACH_BYTES:
-            raise AttachError(f"@{mention} is {size} bytes, over the {MAX_ATTACH_BYTES}-byte limit for attachments; "
-                              "ask the agent to read it in parts instead")  # fmt: skip
+            raise AttachError(
+                f"@{mention} is {size} bytes, over the {MAX_ATTACH_BYTES}-byte limit for attachments; "
+                "ask the agent to read it in parts instead"
+            )
         try:
             attachments.append({"path": mention.rstrip(".,;:!?)"), "text": path.read_text(encoding="utf-8")})
         except UnicodeDecodeError:

@@ -121,8 +121,11 @@ class CommandActions:
     async def command_system(self, args: str) -> None:
         if not args:
             current = self.session.system if self.session else self.new_session_settings["system"]
-            await self.note(f"System prompt: {current!r}" if current else
-                            "No system prompt (the model's default). `/system TEXT` sets one.")  # fmt: skip
+            await self.note(
+                f"System prompt: {current!r}"
+                if current
+                else "No system prompt (the model's default). `/system TEXT` sets one."
+            )
             return
         self.session = self.store.update(self.ensure_session().id, system=args)
         await self.note("System prompt set for this session.")
@@ -131,15 +134,20 @@ class CommandActions:
         lines = []
         if self.link.connected:
             daemon = self.link.daemon
-            lines.append(f"Serving **{self.link.model_id}** (context {self.link.context_length} tokens), "
-                         f"engine `{daemon.engine}`, at {daemon.url} (pid {daemon.pid}).")  # fmt: skip
+            lines.append(
+                f"Serving **{self.link.model_id}** (context {self.link.context_length} tokens), "
+                f"engine `{daemon.engine}`, at {daemon.url} (pid {daemon.pid})."
+            )
         else:
             lines.append("Not connected to a daemon yet.")
         local = [row for row in models.list_models() if row["pulled"]]
         if local:
             lines += ["", "Models on this machine: " + ", ".join(f"`{row['name']}`" for row in local)]
-        lines += ["", "The daemon serves one model. To switch, restart it: `lingcode serve --model NAME`; "
-                      "this chat reconnects by itself."]  # fmt: skip
+        lines += [
+            "",
+            "The daemon serves one model. To switch, restart it: `lingcode serve --model NAME`; "
+            "this chat reconnects by itself.",
+        ]
         await self.note("\n".join(lines))
 
     async def command_clear(self, args: str) -> None:
@@ -158,8 +166,10 @@ class CommandActions:
             rates = [a["timings"]["tokens_per_s"] for a in answers if a["timings"].get("tokens_per_s")]
             ttfts = [a["timings"]["ttft_ms"] for a in answers if a["timings"].get("ttft_ms") is not None]
             mean_rate, mean_ttft = sum(rates) / max(len(rates), 1), sum(ttfts) / max(len(ttfts), 1)
-            lines.append(f"{len(answers)} answers; mean {mean_rate:.1f} tok/s, mean ttft {mean_ttft:.0f} ms; "
-                         f"last: {answer_line(answers[-1])}")  # fmt: skip
+            lines.append(
+                f"{len(answers)} answers; mean {mean_rate:.1f} tok/s, mean ttft {mean_ttft:.0f} ms; "
+                f"last: {answer_line(answers[-1])}"
+            )
         else:
             lines.append("no answers yet")
         if self.link.connected:
@@ -196,9 +206,11 @@ class CommandActions:
             self.session = self.store.update(self.session.id, agent=agent)
         self.show_header()
         if agent:
-            await self.note(f"Agent mode on: the model may use tools in `{self.workdir}`. Reads inside it run at "
-                            "once; writes and commands ask first (rules: "
-                            f"`{self.permissions.source}`). Esc interrupts.")  # fmt: skip
+            await self.note(
+                f"Agent mode on: the model may use tools in `{self.workdir}`. Reads inside it run at "
+                "once; writes and commands ask first (rules: "
+                f"`{self.permissions.source}`). Esc interrupts."
+            )
         else:
             await self.note("Agent mode off: plain chat.")
 

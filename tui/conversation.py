@@ -129,8 +129,9 @@ def _merge_tool_call(call: dict, fragment: dict) -> None:
         call["arguments"] = call.get("arguments", "") + function["arguments"]
 
 
-def request_body(model: str, messages: list[dict], *, tools: list[dict] | None, max_tokens: int | None,
-                 temperature: float | None) -> dict:  # fmt: skip
+def request_body(
+    model: str, messages: list[dict], *, tools: list[dict] | None, max_tokens: int | None, temperature: float | None
+) -> dict:
     body: dict = {"model": model, "messages": messages}
     if tools:
         body["tools"] = tools

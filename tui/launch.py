@@ -20,8 +20,10 @@ def log_file() -> Path:
 def main(args: argparse.Namespace) -> int:
     # Textual owns the terminal, so lingcode's own logging goes to a file, never to the screen.
     logging.basicConfig(
-        filename=paths.private_file(log_file()), level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True,
+        filename=paths.private_file(log_file()),
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        force=True,
     )
     store = ChatStore()
     resume: int | str | None = "last" if args.continue_ else None
@@ -29,8 +31,10 @@ def main(args: argparse.Namespace) -> int:
         if store.get(args.resume) is None:
             if store.recovered:  # the app will not start to show it: the reason the session is gone goes here
                 print(f"lingcode: {store.recovered}", file=sys.stderr)
-            print(f"lingcode: there is no chat session {args.resume}; `lingcode chat` then /sessions lists them",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"lingcode: there is no chat session {args.resume}; `lingcode chat` then /sessions lists them",
+                file=sys.stderr,
+            )
             return 2
         resume = args.resume
     serve_args = ["--model", args.model] if args.model else []
@@ -39,9 +43,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"lingcode: --workdir {workdir} is not a directory", file=sys.stderr)
         return 2
     app = ChatApp(
-        link=DaemonLink(serve_args), store=store, workdir=workdir, resume=resume, agent=args.agent,
-        system=args.system or "", max_tokens=args.max_tokens, temperature=args.temperature,
-    )  # fmt: skip
+        link=DaemonLink(serve_args),
+        store=store,
+        workdir=workdir,
+        resume=resume,
+        agent=args.agent,
+        system=args.system or "",
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+    )
     try:
         app.run()
     finally:

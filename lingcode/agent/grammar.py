@@ -48,15 +48,22 @@ def _llg():
     try:
         import llguidance
     except ImportError as exc:
-        raise GrammarUnavailable(f"constrained decoding needs llguidance, which cannot be imported here: {exc}") from exc
+        raise GrammarUnavailable(
+            f"constrained decoding needs llguidance, which cannot be imported here: {exc}"
+        ) from exc
     return llguidance
 
 
 def _limits():
     # llguidance's own defaults, named here so that the bounds are visible and tested: compile fuel
     # ~20 ms of lexer work, a step's mask at most ~15 ms, 500k grammar symbols.
-    return _llg().LLParserLimits(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
-                                 max_grammar_size=500_000, verbose_errors=False)  # fmt: skip
+    return _llg().LLParserLimits(
+        initial_lexer_fuel=1_000_000,
+        step_lexer_fuel=200_000,
+        step_max_items=50_000,
+        max_grammar_size=500_000,
+        verbose_errors=False,
+    )
 
 
 class _Compiler:
@@ -168,7 +175,9 @@ def grammar_text(kind: str, spec: dict | str | None = None) -> str:
     else:
         raise ValueError(f"unknown grammar kind {kind!r}")
     if len(text.encode()) > MAX_GRAMMAR_BYTES:
-        raise GrammarError(f"the {kind.replace('_', ' ')} is {len(text.encode())} bytes; at most {MAX_GRAMMAR_BYTES} are compiled")
+        raise GrammarError(
+            f"the {kind.replace('_', ' ')} is {len(text.encode())} bytes; at most {MAX_GRAMMAR_BYTES} are compiled"
+        )
     if kind == "lark":
         return llg.LLMatcher.grammar_from_lark(text)
     try:
@@ -178,9 +187,12 @@ def grammar_text(kind: str, spec: dict | str | None = None) -> str:
 
 
 def constraint(
-    tokenizer: Tokenizer, stop_ids: tuple[int, ...], kind: str, spec: dict | str | None = None,
+    tokenizer: Tokenizer,
+    stop_ids: tuple[int, ...],
+    kind: str,
+    spec: dict | str | None = None,
     cancel: threading.Event | None = None,
-) -> GrammarConstraint:  # fmt: skip
+) -> GrammarConstraint:
     """A fresh constraint for one request. kind: "lark" (spec: a Lark grammar, e.g. tool_call_grammar's),
     "json_schema" (spec: the schema) or "json" (any JSON object). Raises GrammarError (bad or over the
     bounds), GrammarCancelled (cancel was set), GrammarUnavailable."""
@@ -196,7 +208,9 @@ def _probe(template) -> None:
     probe = template.deep_copy()
     allowed = np.flatnonzero(np.unpackbits(np.frombuffer(probe.compute_bitmask(), dtype=np.uint8), bitorder="little"))
     if probe.is_error() or not allowed.size or not probe.consume_token(int(allowed[0])):
-        raise GrammarError(f"the grammar is over lingcode's limits: {_first_line(probe.get_error() or 'no token allowed')}")
+        raise GrammarError(
+            f"the grammar is over lingcode's limits: {_first_line(probe.get_error() or 'no token allowed')}"
+        )
 
 
 def _first_line(message: str) -> str:

@@ -72,16 +72,24 @@ class Session:
 
     def describe(self) -> dict:
         return {
-            "id": self.id, "object": "session", "created": int(self.created_at), "turns": self.turns,
-            "history_tokens": len(self.token_ids) or self.pending_tokens, "tools": [t.name for t in self.tools],
+            "id": self.id,
+            "object": "session",
+            "created": int(self.created_at),
+            "turns": self.turns,
+            "history_tokens": len(self.token_ids) or self.pending_tokens,
+            "tools": [t.name for t in self.tools],
             "idle_timeout_s": self.idle_timeout_s,
             "expires_in_s": round(max(0.0, self.idle_timeout_s - (time.monotonic() - self.last_used)), 3),
-        }  # fmt: skip
+        }
 
 
 class SessionStore:
-    def __init__(self, default_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
-                 max_bytes: int = DEFAULT_MAX_BYTES):  # fmt: skip
+    def __init__(
+        self,
+        default_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ):
         self.default_idle_timeout_s = default_idle_timeout_s
         self.max_sessions, self.max_bytes = max_sessions, max_bytes
         self._sessions: dict[str, Session] = {}
@@ -91,13 +99,25 @@ class SessionStore:
         """The store's bounds, in words (for errors and logs)."""
         return f"the daemon keeps at most {self.max_sessions} sessions and {self.max_bytes // 2**20} MiB of them"
 
-    def create(self, family: Family, tools: list[Tool], messages: list[dict], idle_timeout_s: float | None,
-               pending_tokens: int = 0) -> Session:  # fmt: skip
+    def create(
+        self,
+        family: Family,
+        tools: list[Tool],
+        messages: list[dict],
+        idle_timeout_s: float | None,
+        pending_tokens: int = 0,
+    ) -> Session:
         """A new session, after forgetting the sessions idle longest if it needs their room (StoreFull
         if that would take one with a turn running; SessionError if it alone is past the bytes)."""
         self.expire()
-        session = Session(f"sess_{uuid.uuid4().hex}", family, tuple(tools), idle_timeout_s or self.default_idle_timeout_s,
-                          pending=list(messages), pending_tokens=pending_tokens)  # fmt: skip
+        session = Session(
+            f"sess_{uuid.uuid4().hex}",
+            family,
+            tuple(tools),
+            idle_timeout_s or self.default_idle_timeout_s,
+            pending=list(messages),
+            pending_tokens=pending_tokens,
+        )
         if session.size > self.max_bytes:
             raise SessionError(f"the session's messages take {session.size} bytes; {self.bounds()}")
         self._make_room(session)
@@ -156,8 +176,13 @@ class SessionStore:
             self.counters["expired"] += 1
 
     def stats(self) -> dict:
-        return {**self.counters, "open": len(self._sessions), "bytes": sum(s.size for s in self._sessions.values()),
-                "max_sessions": self.max_sessions, "max_bytes": self.max_bytes}  # fmt: skip
+        return {
+            **self.counters,
+            "open": len(self._sessions),
+            "bytes": sum(s.size for s in self._sessions.values()),
+            "max_sessions": self.max_sessions,
+            "max_bytes": self.max_bytes,
+        }
 
 
 def turn_prompt(info: ModelInfo, session: Session, messages: list[dict]) -> tuple[list[int], str]:
@@ -178,11 +203,16 @@ def turn_prompt(info: ModelInfo, session: Session, messages: list[dict]) -> tupl
 
 def _continuation(info: ModelInfo, session: Session, messages: list[dict]) -> str:
     """What the template writes after an assistant answer: its end, the new messages, the next prompt."""
-    base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-            {"role": "assistant", "content": _SENTINEL}]  # fmt: skip
+    base = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": _SENTINEL},
+    ]
     text = render_prompt(info, session.family, base + messages, list(session.tools))
     at = text.rfind(_SENTINEL)
     if at < 0:
-        raise SessionError("this model's chat template does not render assistant answers verbatim, so a "
-                           "session cannot append to one; use /v1/chat/completions instead")  # fmt: skip
+        raise SessionError(
+            "this model's chat template does not render assistant answers verbatim, so a "
+            "session cannot append to one; use /v1/chat/completions instead"
+        )
     return text[at + len(_SENTINEL) :]

@@ -69,8 +69,14 @@ def template_takes_tools(template: str | None) -> bool:
     return bool(template) and "tools" in template_variables(template)
 
 
-def render_prompt(info: ModelInfo, family: Family, messages: list[dict], tools: list[Tool],
-                  add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> str:  # fmt: skip
+def render_prompt(
+    info: ModelInfo,
+    family: Family,
+    messages: list[dict],
+    tools: list[Tool],
+    add_generation_prompt: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
     """The prompt text for these messages and tools (raises TemplateError for bad messages).
 
     Everything the client sent (messages, tool results, tools, template variables) goes into the
@@ -83,13 +89,25 @@ def render_prompt(info: ModelInfo, family: Family, messages: list[dict], tools: 
     # arguments parsed first: JSON can spell a token's text in escapes (\u003c|im_start|\u003e)
     messages = mark([_with_object_arguments(m) for m in messages])
     if tools and template_takes_tools(info.chat_template):
-        return render_chat(info.chat_template, messages,
-                           add_generation_prompt=add_generation_prompt, bos_token=info.bos_token,
-                           eos_token=info.eos_token, tools=mark([t.openai() for t in tools]), **extra)  # fmt: skip
+        return render_chat(
+            info.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=info.bos_token,
+            eos_token=info.eos_token,
+            tools=mark([t.openai() for t in tools]),
+            **extra,
+        )
     if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = _as_plain_chat(messages, family, tools, mark)
-    return render_chat(info.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                       bos_token=info.bos_token, eos_token=info.eos_token, **extra)  # fmt: skip
+    return render_chat(
+        info.chat_template,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=info.bos_token,
+        eos_token=info.eos_token,
+        **extra,
+    )
 
 
 def tool_system_block(family: Family, tools: list[Tool], mark=lambda value: value) -> str:
@@ -101,8 +119,10 @@ def format_call(family: Family, name: str, arguments: str) -> str:
     """A tool call written the way this family's models write it (and its parser reads it)."""
     args = _parse_arguments(arguments)
     if family.tool_parser == "ling3":
-        pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
-                        for k, v in (args.items() if isinstance(args, dict) else ()))  # fmt: skip
+        pairs = "".join(
+            f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
+            for k, v in (args.items() if isinstance(args, dict) else ())
+        )
         return f"<tool_call>{name}\n{pairs}</tool_call>"
     return f"<tool_call>{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}</tool_call>"
 
@@ -111,8 +131,10 @@ def _as_plain_chat(messages: list[dict], family: Family, tools: list[Tool], mark
     out: list[dict] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = [format_call(family, c["function"]["name"], c["function"].get("arguments") or "{}")
-                     for c in m["tool_calls"]]  # fmt: skip
+            calls = [
+                format_call(family, c["function"]["name"], c["function"].get("arguments") or "{}")
+                for c in m["tool_calls"]
+            ]
             content = "\n".join(filter(None, [m.get("content") or "", *calls]))
             out.append({"role": "assistant", "content": content})
         elif m["role"] == "tool":
@@ -137,8 +159,10 @@ def _as_plain_chat(messages: list[dict], family: Family, tools: list[Tool], mark
 def _with_object_arguments(message: dict) -> dict:
     if not message.get("tool_calls"):
         return message
-    calls = [{**c, "function": {**c["function"], "arguments": _parse_arguments(c["function"].get("arguments"))}}
-             for c in message["tool_calls"]]  # fmt: skip
+    calls = [
+        {**c, "function": {**c["function"], "arguments": _parse_arguments(c["function"].get("arguments"))}}
+        for c in message["tool_calls"]
+    ]
     return {**message, "tool_calls": calls}
 
 

@@ -17,8 +17,11 @@ def source_commit() -> str:
         return os.environ["LINGCODE_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--",
-                                  *PRODUCT_CODE], capture_output=True, text=True)  # fmt: skip
+        changed = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--", *PRODUCT_CODE],
+            capture_output=True,
+            text=True,
+        )
     except OSError:
         return ""
     commit = head.stdout.strip()

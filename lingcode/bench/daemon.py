@@ -92,8 +92,13 @@ export function groupBy(items, key) {
 """
 WORKLOADS = {
     "chat": [{"role": "user", "content": "Explain how a hash map handles collisions, with an example."}],
-    "code-edit": [{"role": "user", "content": "Rename `groupBy` to `groupItems` and `debounce` to `debounceCall`, "
-                                              f"and output the whole edited file:\n```js\n{CODE}```"}],
+    "code-edit": [
+        {
+            "role": "user",
+            "content": "Rename `groupBy` to `groupItems` and `debounce` to `debounceCall`, "
+            f"and output the whole edited file:\n```js\n{CODE}```",
+        }
+    ],
 }
 # Inputs that are not this bench's own: a function of Python's standard library, a different one each
 # round, under one of a few everyday requests. (Python versions differ in their sources: each sample
@@ -101,8 +106,12 @@ WORKLOADS = {
 STDLIB_MODULES = ("argparse", "base64", "bisect", "calendar", "csv", "difflib", "fractions", "ftplib", "gettext",
                   "heapq", "ipaddress", "json.decoder", "json.encoder", "mailbox", "netrc", "pathlib", "pprint",
                   "shlex", "statistics", "string", "tarfile", "textwrap", "tokenize", "urllib.parse", "zipfile")  # fmt: skip
-STDLIB_ASKS = ("Explain what this function does, step by step.", "Add type hints to this function and output it whole.",
-               "Write pytest tests for this function.", "Find an edge case this function mishandles, and fix it.")  # fmt: skip
+STDLIB_ASKS = (
+    "Explain what this function does, step by step.",
+    "Add type hints to this function and output it whole.",
+    "Write pytest tests for this function.",
+    "Find an edge case this function mishandles, and fix it.",
+)
 
 
 @functools.cache
@@ -115,8 +124,13 @@ def stdlib_functions() -> list[tuple[str, str]]:
     found = {}
     for name in STDLIB_MODULES:
         module = importlib.import_module(name)
-        members = [m for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == name
-                   for _, m in vars(c).items() if inspect.isfunction(m)]  # fmt: skip
+        members = [
+            m
+            for _, c in inspect.getmembers(module, inspect.isclass)
+            if c.__module__ == name
+            for _, m in vars(c).items()
+            if inspect.isfunction(m)
+        ]
         members += [f for _, f in inspect.getmembers(module, inspect.isfunction)]
         for fn in members:
             if fn.__module__ != name:
@@ -142,7 +156,9 @@ def workload_request(workload: str, round_index: int, prompts: list[tuple[str, l
         return name, [{"role": "user", "content": f"{ask}\n```python\n{textwrap.dedent(source)}```"}]
     if workload == "prompts" and prompts:
         return prompts[round_index % len(prompts)]
-    raise SystemExit(f"lingcode bench daemon: unknown workload {workload!r} (chat, code-edit, stdlib, or --prompts FILE)")
+    raise SystemExit(
+        f"lingcode bench daemon: unknown workload {workload!r} (chat, code-edit, stdlib, or --prompts FILE)"
+    )
 
 
 def read_prompts(path: Path) -> list[tuple[str, list[dict]]]:
@@ -157,7 +173,7 @@ def read_prompts(path: Path) -> list[tuple[str, list[dict]]]:
             if not isinstance(messages, list) or not messages:
                 raise ValueError("no messages")
         except (ValueError, KeyError, TypeError) as exc:
-            raise SystemExit(f"lingcode bench daemon: {path}:{number}: not a {{\"messages\": [...]}} line ({exc})")
+            raise SystemExit(f'lingcode bench daemon: {path}:{number}: not a {{"messages": [...]}} line ({exc})')
         prompts.append((f"line {number}", messages))
     if not prompts:
         raise SystemExit(f"lingcode bench daemon: {path} holds no requests")
@@ -212,8 +228,14 @@ async def direct_local(engine, input_ids: list[int], max_tokens: int) -> tuple[f
     return (first - started) * 1e3, _tpot(first, last, len(ids)), ids
 
 
-async def direct_sglang(client: httpx.AsyncClient, input_ids: list[int], max_tokens: int, eos: tuple[int, ...],
-                        context: int, incremental: bool) -> tuple[float, float | None, list[int]]:  # fmt: skip
+async def direct_sglang(
+    client: httpx.AsyncClient,
+    input_ids: list[int],
+    max_tokens: int,
+    eos: tuple[int, ...],
+    context: int,
+    incremental: bool,
+) -> tuple[float, float | None, list[int]]:
     """SGLang's /generate stream read as lingcode's adapter asks for it (the same body)."""
     from lingcode.engine import SamplingParams
     from lingcode.engine.sglang.adapter import StreamDecoder, generate_body
@@ -232,15 +254,22 @@ async def direct_sglang(client: httpx.AsyncClient, input_ids: list[int], max_tok
     return (first - started) * 1e3, _tpot(first, last, len(ids)), ids
 
 
-async def through_daemon(client, messages: list[dict], max_tokens: int
-                         ) -> tuple[float, float | None, int, str, dict, tuple[float | None, float | None, float | None]]:  # fmt: skip
+async def through_daemon(
+    client, messages: list[dict], max_tokens: int
+) -> tuple[float, float | None, int, str, dict, tuple[float | None, float | None, float | None]]:
     """A streamed chat completion read by `client` (an httpx.AsyncClient or an aiohttp.ClientSession):
     client-side ttft and tpot, tokens, text, the daemon's trace, and the client's own share of the
     first token (ms): until the daemon had the request, and from its write of the first events on;
     and the request's arrival in the daemon on perf_counter's clock (ms) (None where the answer has
     no trace: the floor's)."""
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     started, first, last, parts, tokens, trace = time.perf_counter(), None, None, [], 0, {}
     async for content, finished, timings, completion_tokens in _deltas(client, body):
         if content:
@@ -257,8 +286,14 @@ async def through_daemon(client, messages: list[dict], max_tokens: int
     if arrived is not None and "until_first_events" in trace:
         to_daemon = arrived - started * 1e3
         after_first_events = first * 1e3 - (arrived + trace["until_first_events"])
-    return (first - started) * 1e3, _tpot(first, last, tokens), tokens, "".join(parts), trace, (to_daemon, after_first_events,
-                                                                                                  arrived)  # fmt: skip
+    return (
+        (first - started) * 1e3,
+        _tpot(first, last, tokens),
+        tokens,
+        "".join(parts),
+        trace,
+        (to_daemon, after_first_events, arrived),
+    )
 
 
 Delta = tuple[str | None, bool, dict | None, int | None]  # content, a choice finished, timings, completion tokens
@@ -319,7 +354,9 @@ class OpenAISDK:
         stream = await self.sdk.chat.completions.create(
             model="lingcode",  # one model is served; any name reaches it
             **{key: body[key] for key in standard if key in body},
-            extra_body={key: value for key, value in body.items() if key not in standard}, extra_headers=headers)  # fmt: skip
+            extra_body={key: value for key, value in body.items() if key not in standard},
+            extra_headers=headers,
+        )
         async for chunk in stream:
             for choice in chunk.choices:
                 yield choice.delta.content, bool(choice.finish_reason), (chunk.model_extra or {}).get("timings"), None
@@ -342,8 +379,13 @@ class SocketClient:
 
     def stream(self, path: str, body: dict, headers: dict) -> Iterator[str]:
         data = json.dumps(body).encode()
-        fields = {"Host": "%s:%d" % self.address, "Content-Type": "application/json",
-                  "Content-Length": str(len(data)), **self.headers, **headers}  # fmt: skip
+        fields = {
+            "Host": "%s:%d" % self.address,
+            "Content-Type": "application/json",
+            "Content-Length": str(len(data)),
+            **self.headers,
+            **headers,
+        }
         request = f"POST {path} HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in fields.items()).encode()
         request += b"\r\n" + data
         for attempt in (1, 2):  # a kept connection the server has closed since: once more, on a new one
@@ -367,8 +409,11 @@ class SocketClient:
             head += self._recv()
         head, _, buffer = head.partition(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1])
-        names = {line.split(b":", 1)[0].strip().lower(): line.split(b":", 1)[1].strip()
-                 for line in head.split(b"\r\n")[1:] if b":" in line}  # fmt: skip
+        names = {
+            line.split(b":", 1)[0].strip().lower(): line.split(b":", 1)[1].strip()
+            for line in head.split(b"\r\n")[1:]
+            if b":" in line
+        }
         if names.get(b"transfer-encoding", b"").lower() != b"chunked":
             length = int(names.get(b"content-length", b"0"))
             while len(buffer) < length:
@@ -382,7 +427,7 @@ class SocketClient:
             size = int(size_line.split(b";")[0], 16)
             while len(buffer) < size + 2:
                 buffer += self._recv()
-            chunk, buffer = buffer[:size], buffer[size + 2:]
+            chunk, buffer = buffer[:size], buffer[size + 2 :]
             if size == 0:
                 break
             pending += chunk
@@ -413,9 +458,12 @@ TRACE_HEADER = "x-lingcode-trace"  # asks the daemon for its trace in the last c
 
 def _clients(base_url: str, headers: dict, names: list[str]) -> dict:
     """The daemon's readers, by name (CLIENTS), each with one kept-alive connection."""
-    make = {"httpx": lambda: httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600),
-            "aiohttp": lambda: aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600)),
-            "openai": lambda: OpenAISDK(base_url, headers), "socket": lambda: SocketClient(base_url, headers)}  # fmt: skip
+    make = {
+        "httpx": lambda: httpx.AsyncClient(base_url=base_url, headers=headers, timeout=600),
+        "aiohttp": lambda: aiohttp.ClientSession(base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600)),
+        "openai": lambda: OpenAISDK(base_url, headers),
+        "socket": lambda: SocketClient(base_url, headers),
+    }
     return {name: make[name]() for name in names}
 
 
@@ -448,8 +496,12 @@ class Daemon:
     def __init__(self, serve_args: list[str], home: Path, extra_env: dict[str, str] | None = None):
         env = {**os.environ, "LINGCODE_HOME": str(home), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         self.log = open(home / "serve.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "lingcode", "serve", "--port", "0", *serve_args],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lingcode", "serve", "--port", "0", *serve_args],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         record = home / "state" / "daemon.json"
         deadline = time.monotonic() + 900
         while not record.exists():
@@ -474,12 +526,23 @@ class Daemon:
 # request against a server (a process of its own) that answers every POST at once with one content
 # event, a finish event and [DONE]. Nothing the daemon does can go below it.
 
-_FLOOR_EVENTS = b"".join(b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in (
-    {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "A"}, "finish_reason": None}]},
-    {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
-)) + b"data: [DONE]\n\n"  # fmt: skip
-_FLOOR_ANSWER = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                 + b"%x\r\n%s\r\n0\r\n\r\n" % (len(_FLOOR_EVENTS), _FLOOR_EVENTS))  # fmt: skip
+_FLOOR_EVENTS = (
+    b"".join(
+        b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n"
+        for e in (
+            {
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"content": "A"}, "finish_reason": None}],
+            },
+            {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+        )
+    )
+    + b"data: [DONE]\n\n"
+)
+_FLOOR_ANSWER = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    + b"%x\r\n%s\r\n0\r\n\r\n" % (len(_FLOOR_EVENTS), _FLOOR_EVENTS)
+)
 
 
 class _AnswerAtOnce(asyncio.Protocol):
@@ -490,8 +553,14 @@ class _AnswerAtOnce(asyncio.Protocol):
         self.buffer += data
         while b"\r\n\r\n" in self.buffer:  # a whole request (head and Content-Length body): answer it
             head, _, rest = self.buffer.partition(b"\r\n\r\n")
-            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+            length = next(
+                (
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
             if len(rest) < length:
                 return
             self.buffer = rest[length:]
@@ -522,10 +591,17 @@ def _model_dir_from_gguf(gguf_path: Path, out: Path) -> tuple[Path, list[int]]:
     eos = fields.get("tokenizer.ggml.eos_token_id")
     out.mkdir(parents=True, exist_ok=True)
     (out / "tokenizer.json").write_text(tokenizer.hf.to_str())
-    (out / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 8192,
-                                                 "eos_token_id": eos}))  # fmt: skip
-    (out / "tokenizer_config.json").write_text(json.dumps({"chat_template": fields.get("tokenizer.chat_template"),
-                                                           "eos_token": tokens[eos] if eos is not None else None}))  # fmt: skip
+    (out / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 8192, "eos_token_id": eos})
+    )
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": fields.get("tokenizer.chat_template"),
+                "eos_token": tokens[eos] if eos is not None else None,
+            }
+        )
+    )
     return out, tokenizer.encode(CODE * 4)
 
 
@@ -558,8 +634,15 @@ async def _run(args: argparse.Namespace) -> list[Sample]:
         floor.terminate()
 
 
-async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], prompts: list[tuple[str, list[dict]]],
-                  floor_clients: dict, samples: list[Sample]) -> list[Sample]:  # fmt: skip
+async def _rounds(
+    args,
+    gguf: Path,
+    serve_env: dict,
+    workloads: list[str],
+    prompts: list[tuple[str, list[dict]]],
+    floor_clients: dict,
+    samples: list[Sample],
+) -> list[Sample]:
     from lingcode.text.chat_template import render_chat
 
     for speculation in args.speculation.split(","):
@@ -572,10 +655,21 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                     continue  # drafting happens inside SGLang: the stand-in streams what it accepted
                 model_dir, ids = _model_dir_from_gguf(gguf, home / "model")
                 port = _free_port()
-                standin = subprocess.Popen([sys.executable, "-m", "lingcode.bench.sglang_standin", "--port", str(port),
-                                            "--step-ms", str(args.step_ms), "--ids", ",".join(map(str, ids)),
-                                            *(["--incremental"] if args.sglang_stream == "incremental" else [])],
-                                           stdout=subprocess.DEVNULL)  # fmt: skip
+                standin = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "lingcode.bench.sglang_standin",
+                        "--port",
+                        str(port),
+                        "--step-ms",
+                        str(args.step_ms),
+                        "--ids",
+                        ",".join(map(str, ids)),
+                        *(["--incremental"] if args.sglang_stream == "incremental" else []),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                )
                 engine_url = f"http://127.0.0.1:{port}"
                 for _ in range(100):
                     try:
@@ -583,7 +677,9 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                         break
                     except httpx.HTTPError:
                         time.sleep(0.1)
-                daemon = Daemon(["--engine", "sglang", "--engine-url", engine_url, "--model", str(model_dir)], home, serve_env)
+                daemon = Daemon(
+                    ["--engine", "sglang", "--engine-url", engine_url, "--model", str(model_dir)], home, serve_env
+                )
                 from lingcode.engine.sglang.model_dir import load_model_info
 
                 info = load_model_info(model_dir)
@@ -617,15 +713,23 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                 for workload in workloads:
                     for i in range(args.requests + 1):  # the first round warms every side up
                         label, messages = workload_request(workload, i, prompts)
-                        input_ids = info.tokenizer.encode(render_chat(info.chat_template, messages,
-                                                                      bos_token=info.bos_token,
-                                                                      eos_token=info.eos_token))  # fmt: skip
+                        input_ids = info.tokenizer.encode(
+                            render_chat(
+                                info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token
+                            )
+                        )
 
                         async def direct():
                             if engine is not None:
                                 return await direct_local(engine, input_ids, args.max_tokens)
-                            return await direct_sglang(direct_client, input_ids, args.max_tokens, info.eos_token_ids,
-                                                       info.context_length, args.sglang_stream == "incremental")  # fmt: skip
+                            return await direct_sglang(
+                                direct_client,
+                                input_ids,
+                                args.max_tokens,
+                                info.eos_token_ids,
+                                info.context_length,
+                                args.sglang_stream == "incremental",
+                            )
 
                         async def measure_direct(client: str, cached: bool) -> Sample:
                             ttft, tpot, ids = await direct()
@@ -634,27 +738,59 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                             # daemon for its stats: a few ms idle slow the next first step on the CPU
                             # (docs/engine-notes.md), so both sides take it
                             await stats_client.get("/v1/lingcode/stats")
-                            return Sample("direct", workload, speculation, cached, len(ids), ttft, tpot,
-                                          info.tokenizer.decode(ids), engine_decode_ms=last.get("decode_ms"),
-                                          client=client, engine_steps=last.get("decode_steps"),
-                                          engine_first_ms=last.get("first_chunk_ms"),
-                                          engine_hand_over_ms=last.get("hand_over_ms"),
-                                          engine_sleeps=last.get("barrier_sleeps"), input=label)  # fmt: skip
+                            return Sample(
+                                "direct",
+                                workload,
+                                speculation,
+                                cached,
+                                len(ids),
+                                ttft,
+                                tpot,
+                                info.tokenizer.decode(ids),
+                                engine_decode_ms=last.get("decode_ms"),
+                                client=client,
+                                engine_steps=last.get("decode_steps"),
+                                engine_first_ms=last.get("first_chunk_ms"),
+                                engine_hand_over_ms=last.get("hand_over_ms"),
+                                engine_sleeps=last.get("barrier_sleeps"),
+                                input=label,
+                            )
 
                         async def measure_daemon(client: str, cached: bool) -> Sample:
                             ttft, tpot, n, text, trace, (to_daemon, after_first_events, arrived) = await through_daemon(
-                                clients[client], messages, args.max_tokens)  # fmt: skip
-                            last = (await stats_client.get("/v1/lingcode/stats")).json()["engine"].get("last_request", {})
+                                clients[client], messages, args.max_tokens
+                            )
+                            last = (
+                                (await stats_client.get("/v1/lingcode/stats")).json()["engine"].get("last_request", {})
+                            )
                             hop_to = None
-                            if last.get("admitted_at_ms") is not None and arrived is not None and "until_engine" in trace:
+                            if (
+                                last.get("admitted_at_ms") is not None
+                                and arrived is not None
+                                and "until_engine" in trace
+                            ):
                                 hop_to = last["admitted_at_ms"] - arrived - trace["until_engine"]
-                            return Sample("daemon", workload, speculation, cached, n, ttft, tpot, text, trace,
-                                          last.get("decode_ms"), client=client, engine_steps=last.get("decode_steps"),
-                                          engine_first_ms=last.get("first_chunk_ms"),
-                                          engine_hand_over_ms=last.get("hand_over_ms"),
-                                          engine_hop_to_ms=hop_to,
-                                          engine_sleeps=last.get("barrier_sleeps"), input=label,
-                                          to_daemon_ms=to_daemon, after_first_events_ms=after_first_events)  # fmt: skip
+                            return Sample(
+                                "daemon",
+                                workload,
+                                speculation,
+                                cached,
+                                n,
+                                ttft,
+                                tpot,
+                                text,
+                                trace,
+                                last.get("decode_ms"),
+                                client=client,
+                                engine_steps=last.get("decode_steps"),
+                                engine_first_ms=last.get("first_chunk_ms"),
+                                engine_hand_over_ms=last.get("hand_over_ms"),
+                                engine_hop_to_ms=hop_to,
+                                engine_sleeps=last.get("barrier_sleeps"),
+                                input=label,
+                                to_daemon_ms=to_daemon,
+                                after_first_events_ms=after_first_events,
+                            )
 
                         if label != workload:
                             # A new input: each engine answers it once first, unmeasured, so that every
@@ -666,25 +802,34 @@ async def _rounds(args, gguf: Path, serve_env: dict, workloads: list[str], promp
                         # request finds its engine as its counterpart finds the other (the drafter's counts
                         # and the prefix store's saves follow how often an engine has seen a prompt). Who
                         # goes first, client or direct, and which client, change round by round.
-                        order = list(clients)[i % len(clients):] + list(clients)[: i % len(clients)]
+                        order = list(clients)[i % len(clients) :] + list(clients)[: i % len(clients)]
                         for client in order:
                             for side in ("direct", client) if (i // 2) % 2 == 0 else (client, "direct"):
                                 for cached in (False, True):
                                     if args.pause_ms > 0:
                                         await asyncio.sleep(args.pause_ms / 1e3)
-                                    sample = await (measure_direct(client, cached) if side == "direct"
-                                                    else measure_daemon(client, cached))  # fmt: skip
+                                    sample = await (
+                                        measure_direct(client, cached)
+                                        if side == "direct"
+                                        else measure_daemon(client, cached)
+                                    )
                                     if i > 0:
                                         samples.append(sample)
-                                    print(f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
-                                          f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
-                                          f"({sample.tokens} tokens){'' if i else '  (warm-up)'}"
-                                          f"{'' if label == workload else '  ' + label}", flush=True)  # fmt: skip
+                                    print(
+                                        f"  {speculation:>5} {workload:>9} {side:>7} {'cached' if cached else 'cold':>6}: "
+                                        f"ttft {sample.ttft_ms:7.2f} ms  tpot {sample.tpot_ms or 0:7.3f} ms  "
+                                        f"({sample.tokens} tokens){'' if i else '  (warm-up)'}"
+                                        f"{'' if label == workload else '  ' + label}",
+                                        flush=True,
+                                    )
                         for name, floor_client in floor_clients.items():
                             ttft, *_ = await through_daemon(floor_client, messages, args.max_tokens)
                             if i > 0:
-                                samples.append(Sample("floor", workload, speculation, True, 0, ttft, None, client=name,
-                                                      input=label))  # fmt: skip
+                                samples.append(
+                                    Sample(
+                                        "floor", workload, speculation, True, 0, ttft, None, client=name, input=label
+                                    )
+                                )
             finally:
                 await _close(clients | owned)
         finally:
@@ -720,7 +865,12 @@ def inputs(samples: list[Sample]) -> dict[str, list[str]]:
     named: dict[str, list[str]] = {}
     first = next((s.client for s in samples if s.side == "floor"), None)
     for s in samples:
-        if s.side == "floor" and s.client == first and s.input != s.workload and s.speculation == samples[0].speculation:
+        if (
+            s.side == "floor"
+            and s.client == first
+            and s.input != s.workload
+            and s.speculation == samples[0].speculation
+        ):
             named.setdefault(s.workload, []).append(s.input)
     return named
 
@@ -734,9 +884,16 @@ def summarize(samples: list[Sample]) -> list[dict]:
                 continue
             for client in sorted({s.client for s in group if s.side == "daemon"}, key=CLIENTS.index):
                 direct = [s for s in group if s.side == "direct" and s.client == client]  # its own counterparts
-                rows.append(_row(speculation, workload, client, direct,
-                                 [s for s in group if s.side == "daemon" and s.client == client],
-                                 _median(s.ttft_ms for s in group if s.side == "floor" and s.client == client)))  # fmt: skip
+                rows.append(
+                    _row(
+                        speculation,
+                        workload,
+                        client,
+                        direct,
+                        [s for s in group if s.side == "daemon" and s.client == client],
+                        _median(s.ttft_ms for s in group if s.side == "floor" and s.client == client),
+                    )
+                )
     return rows
 
 
@@ -750,8 +907,11 @@ def _in_daemon(direct: list[Sample], daemon: list[Sample]) -> list[float]:
     """Of each cached pair's added first-token time, the daemon's part: from the request's arrival
     until it began writing the first events, less the direct request's whole time to its first token
     (the same engine work). The rest of the added time is the client's own, sending and reading."""
-    return [b.trace["until_first_events"] - a.ttft_ms for a, b in zip(direct, daemon)
-            if a.cached and b.cached and "until_first_events" in b.trace]  # fmt: skip
+    return [
+        b.trace["until_first_events"] - a.ttft_ms
+        for a, b in zip(direct, daemon)
+        if a.cached and b.cached and "until_first_events" in b.trace
+    ]
 
 
 def pooled(samples: list[Sample]) -> list[dict]:
@@ -763,23 +923,35 @@ def pooled(samples: list[Sample]) -> list[dict]:
         for client in CLIENTS:
             ratios, added, in_daemon = [], [], []
             for workload in dict.fromkeys(s.workload for s in samples):
-                group = [s for s in samples if s.speculation == speculation and s.workload == workload and s.client == client]
+                group = [
+                    s for s in samples if s.speculation == speculation and s.workload == workload and s.client == client
+                ]
                 direct = [s for s in group if s.side == "direct"]
                 daemon = [s for s in group if s.side == "daemon"]
                 ratios += _paired_ratios(direct, daemon)
                 added += [b.ttft_ms - a.ttft_ms for a, b in zip(direct, daemon) if a.cached and b.cached]
                 in_daemon += _in_daemon(direct, daemon)
             if ratios or added:
-                rows.append({"speculation": speculation, "client": client, "pairs": len(ratios), "ttft_pairs": len(added),
-                             "tpot_ratio_paired": _median(ratios), "tpot_ratio_paired_interval": median_interval(ratios),
-                             "ttft_added_paired_ms": _median(added), "ttft_added_paired_interval": median_interval(added),
-                             "ttft_added_in_daemon_ms": _median(in_daemon),
-                             "ttft_added_in_daemon_interval": median_interval(in_daemon)})  # fmt: skip
+                rows.append(
+                    {
+                        "speculation": speculation,
+                        "client": client,
+                        "pairs": len(ratios),
+                        "ttft_pairs": len(added),
+                        "tpot_ratio_paired": _median(ratios),
+                        "tpot_ratio_paired_interval": median_interval(ratios),
+                        "ttft_added_paired_ms": _median(added),
+                        "ttft_added_paired_interval": median_interval(added),
+                        "ttft_added_in_daemon_ms": _median(in_daemon),
+                        "ttft_added_in_daemon_interval": median_interval(in_daemon),
+                    }
+                )
     return rows
 
 
-def _row(speculation: str, workload: str, client: str, direct: list[Sample], daemon: list[Sample],
-         floor: float | None) -> dict:  # fmt: skip
+def _row(
+    speculation: str, workload: str, client: str, direct: list[Sample], daemon: list[Sample], floor: float | None
+) -> dict:
     """One client's row: its daemon samples against the direct ones (both in the same rounds' order)."""
     tpot_direct, tpot_daemon = _median(s.tpot_ms for s in direct), _median(s.tpot_ms for s in daemon)
     ttft_direct = _median(s.ttft_ms for s in direct if s.cached)
@@ -791,13 +963,19 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
     added = ttft_daemon - ttft_direct if ttft_direct is not None and ttft_daemon is not None else None
     paired = _paired_ratios(direct, daemon)
     return {
-        "speculation": speculation, "workload": workload, "client": client,
+        "speculation": speculation,
+        "workload": workload,
+        "client": client,
         "tokens": _median(s.tokens for s in direct + daemon),
-        "tpot_direct_ms": tpot_direct, "tpot_daemon_ms": tpot_daemon,
+        "tpot_direct_ms": tpot_direct,
+        "tpot_daemon_ms": tpot_daemon,
         "tpot_ratio": tpot_daemon / tpot_direct if tpot_direct and tpot_daemon else None,
-        "tpot_ratio_paired": _median(paired), "tpot_ratio_paired_interval": median_interval(paired),
-        "ttft_cached_direct_ms": ttft_direct, "ttft_cached_daemon_ms": ttft_daemon,
-        "ttft_added_ms": added, "client_floor_ms": floor,
+        "tpot_ratio_paired": _median(paired),
+        "tpot_ratio_paired_interval": median_interval(paired),
+        "ttft_cached_direct_ms": ttft_direct,
+        "ttft_cached_daemon_ms": ttft_daemon,
+        "ttft_added_ms": added,
+        "client_floor_ms": floor,
         "ttft_added_less_floor_ms": added - floor if added is not None and floor is not None else None,
         "ttft_added_in_daemon_ms": _median(_in_daemon(direct, daemon)),
         "engine_decode_ratio": decode_daemon / decode_direct if decode_direct and decode_daemon else None,
@@ -805,18 +983,23 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         # first-token time is the engine's (a slower first step) and what the way to and from it
         "engine_first_direct_ms": _median(s.engine_first_ms for s in direct if s.cached),
         "engine_first_daemon_ms": _median(s.engine_first_ms for s in daemon if s.cached),
-        "engine_first_hop_ms": _median(s.trace["engine_first_chunk"] - s.engine_first_ms for s in daemon
-                                       if s.cached and s.engine_first_ms is not None and "engine_first_chunk" in s.trace),
+        "engine_first_hop_ms": _median(
+            s.trace["engine_first_chunk"] - s.engine_first_ms
+            for s in daemon
+            if s.cached and s.engine_first_ms is not None and "engine_first_chunk" in s.trace
+        ),
         # of that hop, the way to the engine: from the daemon's hand-off (until_engine) to the engine's taking it
         "engine_first_hop_to_ms": _median(s.engine_hop_to_ms for s in daemon if s.cached),
         # how long the first chunk's hand-over held the engine: on the CPU until its reader took it
         "engine_hand_over_direct_ms": _median(s.engine_hand_over_ms for s in direct),
         "engine_hand_over_daemon_ms": _median(s.engine_hand_over_ms for s in daemon),
         # the CPU step's threads sleeping at a barrier, a token: each is a partner's core taken away
-        "engine_sleeps_per_token_direct": _median(s.engine_sleeps / s.tokens for s in direct
-                                                  if s.engine_sleeps is not None and s.tokens),
-        "engine_sleeps_per_token_daemon": _median(s.engine_sleeps / s.tokens for s in daemon
-                                                  if s.engine_sleeps is not None and s.tokens),
+        "engine_sleeps_per_token_direct": _median(
+            s.engine_sleeps / s.tokens for s in direct if s.engine_sleeps is not None and s.tokens
+        ),
+        "engine_sleeps_per_token_daemon": _median(
+            s.engine_sleeps / s.tokens for s in daemon if s.engine_sleeps is not None and s.tokens
+        ),
         # the same drafting on both sides: a daemon engine that drafted otherwise takes other steps
         "engine_steps_direct": _median(s.engine_steps for s in direct),
         "engine_steps_daemon": _median(s.engine_steps for s in daemon),
@@ -824,7 +1007,7 @@ def _row(speculation: str, workload: str, client: str, direct: list[Sample], dae
         "client_to_daemon_ms": _median(s.to_daemon_ms for s in daemon if s.cached),
         "client_after_first_events_ms": _median(s.after_first_events_ms for s in daemon if s.cached),
         "trace_cached_ms": trace,
-    }  # fmt: skip
+    }
 
 
 def _fmt(value, digits=3) -> str:
@@ -836,71 +1019,94 @@ def _interval(bounds, digits: int = 3) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# lingcode bench daemon ({report['engine']})", "", f"- command: `{report['command']}`",
-             f"- commit: {report['commit']}, {report['date']}", f"- machine: {report['machine']}",
-             *(f"- {workload}, one a round: {', '.join(names)}" for workload, names in report.get("inputs", {}).items()),
-             "",
-             "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
-             "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
-             "added in the daemon (ms) | "
-             "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it / of it to (ms) | "
-             "first chunk's hand-over, direct / daemon (ms) | "
-             "decode steps, direct / daemon | barrier sleeps a token, direct / daemon | same text |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# lingcode bench daemon ({report['engine']})",
+        "",
+        f"- command: `{report['command']}`",
+        f"- commit: {report['commit']}, {report['date']}",
+        f"- machine: {report['machine']}",
+        *(f"- {workload}, one a round: {', '.join(names)}" for workload, names in report.get("inputs", {}).items()),
+        "",
+        "| speculation | workload | client | tokens | ms/token direct | ms/token daemon | ratio | ratio, paired | "
+        "TTFT cached direct | TTFT cached daemon | added TTFT (ms) | client floor (ms) | added less floor (ms) | "
+        "added in the daemon (ms) | "
+        "engine decode, daemon/direct | engine's first chunk, direct / daemon (ms) | hop to and from it / of it to (ms) | "
+        "first chunk's hand-over, direct / daemon (ms) | "
+        "decode steps, direct / daemon | barrier sleeps a token, direct / daemon | same text |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in report["rows"]:
-        lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
-                     f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
-                     f"{_fmt(r.get('tpot_ratio_paired'))}{_interval(r.get('tpot_ratio_paired_interval'))} | "
-                     f"{_fmt(r['ttft_cached_direct_ms'], 2)} | "
-                     f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
-                     f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
-                     f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)} | "
-                     f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
-                     f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} / "
-                     f"{_fmt(r.get('engine_first_hop_to_ms'), 2)} | "
-                     f"{_fmt(r.get('engine_hand_over_direct_ms'), 2)} / "
-                     f"{_fmt(r.get('engine_hand_over_daemon_ms'), 2)} | "
-                     f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
-                     f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
-                     f"{_fmt(r.get('engine_sleeps_per_token_daemon'), 2)} | {r['same_text']} |")  # fmt: skip
+        lines.append(
+            f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | {_fmt(r['tokens'], 0)} | "
+            f"{_fmt(r['tpot_direct_ms'])} | {_fmt(r['tpot_daemon_ms'])} | {_fmt(r['tpot_ratio'])} | "
+            f"{_fmt(r.get('tpot_ratio_paired'))}{_interval(r.get('tpot_ratio_paired_interval'))} | "
+            f"{_fmt(r['ttft_cached_direct_ms'], 2)} | "
+            f"{_fmt(r['ttft_cached_daemon_ms'], 2)} | {_fmt(r['ttft_added_ms'], 2)} | "
+            f"{_fmt(r.get('client_floor_ms'), 2)} | {_fmt(r.get('ttft_added_less_floor_ms'), 2)} | "
+            f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)} | "
+            f"{_fmt(r['engine_decode_ratio'])} | {_fmt(r.get('engine_first_direct_ms'), 2)} / "
+            f"{_fmt(r.get('engine_first_daemon_ms'), 2)} | {_fmt(r.get('engine_first_hop_ms'), 2)} / "
+            f"{_fmt(r.get('engine_first_hop_to_ms'), 2)} | "
+            f"{_fmt(r.get('engine_hand_over_direct_ms'), 2)} / "
+            f"{_fmt(r.get('engine_hand_over_daemon_ms'), 2)} | "
+            f"{_fmt(r.get('engine_steps_direct'), 1)} / {_fmt(r.get('engine_steps_daemon'), 1)} | "
+            f"{_fmt(r.get('engine_sleeps_per_token_direct'), 2)} / "
+            f"{_fmt(r.get('engine_sleeps_per_token_daemon'), 2)} | {r['same_text']} |"
+        )
     if report.get("pooled"):
-        lines += ["", "All workloads pooled (each daemon request against the direct request paired with it, "
-                  "median and 95 % interval):", "",
-                  "| speculation | client | pairs, per token / first token | ms/token, daemon over direct | "
-                  "added TTFT, cached (ms) | of it in the daemon (ms) |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "All workloads pooled (each daemon request against the direct request paired with it, "
+            "median and 95 % interval):",
+            "",
+            "| speculation | client | pairs, per token / first token | ms/token, daemon over direct | "
+            "added TTFT, cached (ms) | of it in the daemon (ms) |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in report["pooled"]:
-            lines.append(f"| {r['speculation']} | {r['client']} | {r['pairs']} / {r['ttft_pairs']} | "
-                         f"{_fmt(r['tpot_ratio_paired'])}{_interval(r['tpot_ratio_paired_interval'])} | "
-                         f"{_fmt(r['ttft_added_paired_ms'], 2)}{_interval(r['ttft_added_paired_interval'], 2)} | "
-                         f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)}{_interval(r.get('ttft_added_in_daemon_interval'), 2)} |")  # fmt: skip
-    lines += ["", "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
-              "direct request paired with it, with its 95 % interval (bootstrap). The client floor is the same client "
-              "and request against a server that answers at once (the HTTP client's own cost, which no server can "
-              "remove). Added in the daemon: from the request's arrival (its first bytes read, before they are parsed) "
-              "until it began writing the first events, less "
-              "the direct request's time to its first token; the rest of the added time is the client's, sending "
-              "and reading (after an engine step it reads slower than the floor shows: caches the step evicted). "
-              "The engine's first chunk: "
-              "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
-              "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets); "
-              "of it to: from the daemon's hand-off (`until_engine`) until the engine took the request (its "
-              "`last_request.admitted_at_ms`, on the clock every process shares), the rest is the way back. "
-              "The first chunk's hand-over: how long handing it on held the engine (on the CPU the engine gives its "
-              "core to the reader until the reader has passed the chunk on; part of the engine's decode time). "
-              "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "
-              "core taken by other work), per token.", "",
-              "Where the time went on the cached requests (ms, medians). On the client's side, by the clock "
-              "it shares with the daemon: from its call until the daemon read the request's first bytes, and from the daemon's "
-              "write of the first events until the client read the first token. In the daemon (`timings.trace`): "
-              "`until_*` from the request's arrival, the rest summed over the request:", ""]  # fmt: skip
+            lines.append(
+                f"| {r['speculation']} | {r['client']} | {r['pairs']} / {r['ttft_pairs']} | "
+                f"{_fmt(r['tpot_ratio_paired'])}{_interval(r['tpot_ratio_paired_interval'])} | "
+                f"{_fmt(r['ttft_added_paired_ms'], 2)}{_interval(r['ttft_added_paired_interval'], 2)} | "
+                f"{_fmt(r.get('ttft_added_in_daemon_ms'), 2)}{_interval(r.get('ttft_added_in_daemon_interval'), 2)} |"
+            )
+    lines += [
+        "",
+        "ratio: the medians' ratio; paired: the median of each daemon request's time per token over the "
+        "direct request paired with it, with its 95 % interval (bootstrap). The client floor is the same client "
+        "and request against a server that answers at once (the HTTP client's own cost, which no server can "
+        "remove). Added in the daemon: from the request's arrival (its first bytes read, before they are parsed) "
+        "until it began writing the first events, less "
+        "the direct request's time to its first token; the rest of the added time is the client's, sending "
+        "and reading (after an engine step it reads slower than the floor shows: caches the step evicted). "
+        "The engine's first chunk: "
+        "from when the engine took the request (its `last_request.first_chunk_ms`); the hop: the daemon's "
+        "`engine_first_chunk` less that, per request (a thread hand-over, or the engine process's sockets); "
+        "of it to: from the daemon's hand-off (`until_engine`) until the engine took the request (its "
+        "`last_request.admitted_at_ms`, on the clock every process shares), the rest is the way back. "
+        "The first chunk's hand-over: how long handing it on held the engine (on the CPU the engine gives its "
+        "core to the reader until the reader has passed the chunk on; part of the engine's decode time). "
+        "Barrier sleeps: how often the native CPU step's threads slept waiting for each other (a partner's "
+        "core taken by other work), per token.",
+        "",
+        "Where the time went on the cached requests (ms, medians). On the client's side, by the clock "
+        "it shares with the daemon: from its call until the daemon read the request's first bytes, and from the daemon's "
+        "write of the first events until the client read the first token. In the daemon (`timings.trace`): "
+        "`until_*` from the request's arrival, the rest summed over the request:",
+        "",
+    ]
     stages = sorted({k for r in report["rows"] for k in r["trace_cached_ms"]})
-    lines.append("| speculation | workload | client | client to daemon | first events to client | " + " | ".join(stages) + " |")
+    lines.append(
+        "| speculation | workload | client | client to daemon | first events to client | " + " | ".join(stages) + " |"
+    )
     lines.append("|---|---|---|---|---|" + "---|" * len(stages))
     for r in report["rows"]:
-        lines.append(f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | "
-                     f"{_fmt(r.get('client_to_daemon_ms'))} | {_fmt(r.get('client_after_first_events_ms'))} | "
-                     + " | ".join(_fmt(r["trace_cached_ms"].get(k)) for k in stages) + " |")  # fmt: skip
+        lines.append(
+            f"| {r['speculation']} | {r['workload']} | {r.get('client', 'httpx')} | "
+            f"{_fmt(r.get('client_to_daemon_ms'))} | {_fmt(r.get('client_after_first_events_ms'))} | "
+            + " | ".join(_fmt(r["trace_cached_ms"].get(k)) for k in stages)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -910,8 +1116,10 @@ def pool_runs(reports: list[dict]) -> dict:
     pairing the concatenated lists pairs each run's own."""
     if len(reports) == 1:
         return reports[0]
-    joined = {key: "; ".join(dict.fromkeys(str(r[key]) for r in reports))
-              for key in ("engine", "command", "commit", "date", "machine")}  # fmt: skip
+    joined = {
+        key: "; ".join(dict.fromkeys(str(r[key]) for r in reports))
+        for key in ("engine", "command", "commit", "date", "machine")
+    }
     joined["command"] = f"{len(reports)} runs pooled: " + joined["command"]
     samples = [s for r in reports for s in r["samples"]]
     return joined | {"inputs": inputs([Sample(**s) for s in samples]), "samples": samples}
@@ -927,42 +1135,87 @@ def _client_names(text: str) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=["local", "sglang"], default="local",
-                        help="local: the embedded engine; sglang: the SGLang adapter against a stand-in (default: local)")  # fmt: skip
+    parser.add_argument(
+        "--engine",
+        choices=["local", "sglang"],
+        default="local",
+        help="local: the embedded engine; sglang: the SGLang adapter against a stand-in (default: local)",
+    )
     parser.add_argument("--device", default="auto", help="the local engine's device (auto, cpu, cuda)")
-    parser.add_argument("--kernels", default="auto", help="the local engine's forward pass (auto, torch, triton, native)")
+    parser.add_argument(
+        "--kernels", default="auto", help="the local engine's forward pass (auto, torch, triton, native)"
+    )
     parser.add_argument("--model", default=None, help="the model (default: the embedded default)")
-    parser.add_argument("--workload", default="chat,code-edit",
-                        help="comma-separated: chat, code-edit (the bench's own, the same each round), stdlib "
-                             "(a function of Python's standard library, another each round)")  # fmt: skip
-    parser.add_argument("--prompts", type=Path, default=None, metavar="FILE",
-                        help='also your own requests: JSON Lines of {"messages": [...]}, one a round, in turn')  # fmt: skip
-    parser.add_argument("--clients", type=_client_names, default=["httpx", "aiohttp"],
-                        help="comma-separated readers of the daemon, each paired with direct requests of its own: "
-                             "httpx, aiohttp, openai (the official SDK: its typed chunks, over httpx2), socket "
-                             "(no HTTP library: what reading the stream costs any client) (default: httpx,aiohttp)")  # fmt: skip
+    parser.add_argument(
+        "--workload",
+        default="chat,code-edit",
+        help="comma-separated: chat, code-edit (the bench's own, the same each round), stdlib "
+        "(a function of Python's standard library, another each round)",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='also your own requests: JSON Lines of {"messages": [...]}, one a round, in turn',
+    )
+    parser.add_argument(
+        "--clients",
+        type=_client_names,
+        default=["httpx", "aiohttp"],
+        help="comma-separated readers of the daemon, each paired with direct requests of its own: "
+        "httpx, aiohttp, openai (the official SDK: its typed chunks, over httpx2), socket "
+        "(no HTTP library: what reading the stream costs any client) (default: httpx,aiohttp)",
+    )
     parser.add_argument("--speculation", default="off,ngram", help="comma-separated speculation modes (local engine)")
-    parser.add_argument("--requests", type=int, default=3,
-                        help="measured rounds per workload: in each, a cold and a cached request per client, "
-                             "and as many direct (default: 3)")  # fmt: skip
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=3,
+        help="measured rounds per workload: in each, a cold and a cached request per client, "
+        "and as many direct (default: 3)",
+    )
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per request (ignore_eos; default: 256)")
-    parser.add_argument("--step-ms", type=float, default=0.78, help="the SGLang stand-in's time per token (default: 0.78)")
-    parser.add_argument("--sglang-stream", choices=["incremental", "cumulative"], default="incremental",
-                        help="the stand-in's events: only the new tokens (--incremental-streaming-output, as lingcode's "
-                             "launch profiles run SGLang) or every token so far (SGLang's default)")  # fmt: skip
-    parser.add_argument("--pause-ms", type=float, default=0.0, metavar="MS",
-                        help="idle this long before each measured request, direct or through the daemon, so that "
-                             "neither engine's threads are still awake from the request before (default: 0, back "
-                             "to back: a direct request follows the one before at once, a daemon's after HTTP)")  # fmt: skip
-    parser.add_argument("--serve-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)")
-    parser.add_argument("--out", type=Path, default=None, metavar="PREFIX",
-                        help="write PREFIX.json and PREFIX.md (default: print only)")  # fmt: skip
-    parser.add_argument("--report", type=Path, nargs="+", default=None, metavar="FILE.json",
-                        help="measure nothing: summarize an earlier run's samples again (its command, commit and "
-                             "machine kept), with what this version of the bench reports; several runs' samples "
-                             "pooled (each run is one daemon and one direct engine: pooled, the processes' own "
-                             "differences average out)")  # fmt: skip
+    parser.add_argument(
+        "--step-ms", type=float, default=0.78, help="the SGLang stand-in's time per token (default: 0.78)"
+    )
+    parser.add_argument(
+        "--sglang-stream",
+        choices=["incremental", "cumulative"],
+        default="incremental",
+        help="the stand-in's events: only the new tokens (--incremental-streaming-output, as lingcode's "
+        "launch profiles run SGLang) or every token so far (SGLang's default)",
+    )
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="idle this long before each measured request, direct or through the daemon, so that "
+        "neither engine's threads are still awake from the request before (default: 0, back "
+        "to back: a direct request follows the one before at once, a daemon's after HTTP)",
+    )
+    parser.add_argument(
+        "--serve-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the daemon (e.g. LINGCODE_SWITCH_INTERVAL_MS=0.05)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, metavar="PREFIX", help="write PREFIX.json and PREFIX.md (default: print only)"
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="FILE.json",
+        help="measure nothing: summarize an earlier run's samples again (its command, commit and "
+        "machine kept), with what this version of the bench reports; several runs' samples "
+        "pooled (each run is one daemon and one direct engine: pooled, the processes' own "
+        "differences average out)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -972,14 +1225,19 @@ def main(args: argparse.Namespace) -> int:
     else:
         samples = asyncio.run(_run(args))
         report = {
-            "engine": (args.engine if args.engine == "local"
-                       else f"sglang stand-in, {args.step_ms} ms/token, {args.sglang_stream} stream")
-                      + "".join(f", {e}" for e in args.serve_env),
+            "engine": (
+                args.engine
+                if args.engine == "local"
+                else f"sglang stand-in, {args.step_ms} ms/token, {args.sglang_stream} stream"
+            )
+            + "".join(f", {e}" for e in args.serve_env),
             "command": "lingcode bench daemon " + " ".join(sys.argv[3:]),
-            "commit": source_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": source_commit(),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {_cpus()}, {platform.platform()}, loadavg {os.getloadavg()}",
-            "inputs": inputs(samples), "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
-        }  # fmt: skip
+            "inputs": inputs(samples),
+            "samples": [asdict(s) | {"text": s.text[:80]} for s in samples],
+        }
     report |= {"rows": summarize(samples), "pooled": pooled(samples)}
     text = markdown(report)
     print(text)

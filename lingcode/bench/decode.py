@@ -66,8 +66,20 @@ def _code_sample(lines: int = 40) -> str:
 
 # Code that is neither lingcode's nor a benchmark's own, for the context workloads: this Python's
 # standard library, file after file (the same files on every machine with the same Python).
-HELD_OUT_FILES = ("textwrap.py", "argparse.py", "dataclasses.py", "tarfile.py", "http/client.py", "typing.py",
-                  "inspect.py", "difflib.py", "shutil.py", "subprocess.py", "configparser.py", "ast.py")  # fmt: skip
+HELD_OUT_FILES = (
+    "textwrap.py",
+    "argparse.py",
+    "dataclasses.py",
+    "tarfile.py",
+    "http/client.py",
+    "typing.py",
+    "inspect.py",
+    "difflib.py",
+    "shutil.py",
+    "subprocess.py",
+    "configparser.py",
+    "ast.py",
+)
 CONTEXT_STRIDE = 1000  # request i of a context workload starts this many tokens later in the files
 
 
@@ -108,19 +120,39 @@ def workload_requests(name: str, tokenizer, chat_template: str, n: int, max_toke
         gen = torch.Generator().manual_seed(0)
         return [Request(torch.randint(100, 40000, (512,), generator=gen).tolist(), max_tokens, True) for _ in range(n)]
     if name == "chat":
-        questions = ["Explain what a hash map is.", "Write a haiku about autumn.", "How do I sort a list in Python?",
-                     "What causes the seasons on Earth?", "Give three tips for writing clean code."]  # fmt: skip
+        questions = [
+            "Explain what a hash map is.",
+            "Write a haiku about autumn.",
+            "How do I sort a list in Python?",
+            "What causes the seasons on Earth?",
+            "Give three tips for writing clean code.",
+        ]
         return [Request(chat(questions[i % len(questions)]), max_tokens, True) for i in range(n)]
     code = _code_sample()
     if name == "completion":  # plain continuation of a file, repository-style header
         lines = code.splitlines(keepends=True)
-        return [Request(tokenizer.encode(f"<filename>lingcode/pipeline/scheduler.py\n{''.join(lines[: 15 + 3 * i])}"), max_tokens, True)
-                for i in range(n)]  # fmt: skip
+        return [
+            Request(
+                tokenizer.encode(f"<filename>lingcode/pipeline/scheduler.py\n{''.join(lines[: 15 + 3 * i])}"),
+                max_tokens,
+                True,
+            )
+            for i in range(n)
+        ]
     if name == "code-edit":  # the answer copies most of the prompt: where drafting from context shines
-        edits = ["Rename the class Scheduler to SlotScheduler", "Rename max_queue to queue_limit",
-                 "Rename the exception QueueFull to QueueOverflow"]  # fmt: skip
-        return [Request(chat(f"{edits[i % len(edits)]} and output the whole edited code:\n```python\n{code}```"),
-                        max_tokens, False) for i in range(n)]  # fmt: skip
+        edits = [
+            "Rename the class Scheduler to SlotScheduler",
+            "Rename max_queue to queue_limit",
+            "Rename the exception QueueFull to QueueOverflow",
+        ]
+        return [
+            Request(
+                chat(f"{edits[i % len(edits)]} and output the whole edited code:\n```python\n{code}```"),
+                max_tokens,
+                False,
+            )
+            for i in range(n)
+        ]
     raise ValueError(f"unknown workload {name!r}: random, chat, completion, code-edit, context:L")
 
 
@@ -137,8 +169,9 @@ class Worker:
         self.name = name
         self.log = tempfile.TemporaryFile(mode="w+")  # its stderr, shown if it fails
         env = os.environ | {"OMP_NUM_THREADS": str(threads)} | (env or {})
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, env=env)  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
+        )
         self.ready = self._read()["ready"]
 
     def _read(self) -> dict:
@@ -197,9 +230,11 @@ def check_peer(peer: str, python: str, model_path: Path) -> str | None:
         except OSError as e:
             done = subprocess.CompletedProcess([], 1, "", str(e))
         if done.returncode != 0:
-            return (f"llama.cpp: {python} cannot import llama_cpp. Build llama-cpp-python in a venv of its own "
-                    "(`make llama-cpp-peer`; bench/README.md), or pass --llama-cpp-python PATH/bin/python or set "
-                    "LINGCODE_LLAMA_CPP_PYTHON")  # fmt: skip
+            return (
+                f"llama.cpp: {python} cannot import llama_cpp. Build llama-cpp-python in a venv of its own "
+                "(`make llama-cpp-peer`; bench/README.md), or pass --llama-cpp-python PATH/bin/python or set "
+                "LINGCODE_LLAMA_CPP_PYTHON"
+            )
         return None
     return f"unknown peer {peer!r} (choose from {', '.join(PEERS)})"
 
@@ -259,15 +294,18 @@ def summarize(results: list[Result]) -> list[dict]:
             tokens, decode_ms = sum(r.tokens - 1 for r in rs), sum((r.tokens - 1) * r.tpot_ms for r in rs if r.tpot_ms)
             accepts = [r.accept_length for r in rs if r.accept_length]
             row = {
-                "workload": workload, "variant": variant, "requests": len(rs),
-                "tpot_ms_median": round(statistics.median(tpots), 3), "tpot_ms_mean": round(statistics.mean(tpots), 3),
+                "workload": workload,
+                "variant": variant,
+                "requests": len(rs),
+                "tpot_ms_median": round(statistics.median(tpots), 3),
+                "tpot_ms_mean": round(statistics.mean(tpots), 3),
                 "output_tok_s": round(1000 * tokens / decode_ms, 1) if decode_ms else None,
                 "ttft_ms_median": round(statistics.median(r.ttft_ms for r in rs), 2),
                 # the prompt's tokens over the time to the first token: the prefill rate, for long prompts
                 "prefill_tok_s": round(statistics.median(r.prompt_tokens / r.ttft_ms * 1e3 for r in rs), 1),
                 "accept_length_mean": round(statistics.mean(accepts), 2) if accepts else None,
                 "same_tokens_as_first": sum(r.same_as_first for r in rs),
-            }  # fmt: skip
+            }
             base = base or row
             row["tpot_vs_first"] = round(row["tpot_ms_median"] / base["tpot_ms_median"], 2)
             rows.append(row)
@@ -275,8 +313,19 @@ def summarize(results: list[Result]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["workload", "variant", "requests", "tpot_ms_median", "tpot_ms_mean", "output_tok_s", "ttft_ms_median",
-            "prefill_tok_s", "accept_length_mean", "same_tokens_as_first", "tpot_vs_first"]  # fmt: skip
+    cols = [
+        "workload",
+        "variant",
+        "requests",
+        "tpot_ms_median",
+        "tpot_ms_mean",
+        "output_tok_s",
+        "ttft_ms_median",
+        "prefill_tok_s",
+        "accept_length_mean",
+        "same_tokens_as_first",
+        "tpot_vs_first",
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join("" if r[c] is None else str(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
@@ -315,7 +364,10 @@ def run(args) -> int:
     workloads = [w for w in args.workload.split(",") if w]
     unknown = [w for w in workloads if w not in WORKLOADS and context_length(w) is None]
     if unknown:
-        print(f"lingcode bench: unknown workload {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})", file=sys.stderr)
+        print(
+            f"lingcode bench: unknown workload {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})",
+            file=sys.stderr,
+        )
         return 2
     speculation = [s for s in args.speculation.split(",") if s]
     peers = [p for p in args.peers.split(",") if p]
@@ -331,13 +383,19 @@ def run(args) -> int:
             print("lingcode bench: --peers run with the local engine only", file=sys.stderr)
             return 2
         device, model_path = "cuda", None
-        options = ["--engine", "sglang"] + [o for name in ("model", "profile", "engine_url") if getattr(args, name)
-                                            for o in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]  # fmt: skip
+        options = ["--engine", "sglang"] + [
+            o
+            for name in ("model", "profile", "engine_url")
+            if getattr(args, name)
+            for o in (f"--{name.replace('_', '-')}", str(getattr(args, name)))
+        ]
         speculation = [None]
     else:
         from lingcode.engine.local.engine import pick_device
 
-        model_path = models.ensure(args.model) if args.model is None or not Path(args.model).exists() else Path(args.model)
+        model_path = (
+            models.ensure(args.model) if args.model is None or not Path(args.model).exists() else Path(args.model)
+        )
         device = pick_device(args.device).type
         options = ["--model", str(model_path), "--device", device, "--kernels", args.kernels]
         options += ["--compile"] if args.compile and speculation else []
@@ -346,8 +404,12 @@ def run(args) -> int:
     if problems:
         print("lingcode bench: " + "\nlingcode bench: ".join(problems), file=sys.stderr)
         return 2
-    report = Report(command="lingcode bench " + " ".join(args.argv), hardware=hardware(device, threads),
-                    commit=source_commit(), threads=threads)  # fmt: skip
+    report = Report(
+        command="lingcode bench " + " ".join(args.argv),
+        hardware=hardware(device, threads),
+        commit=source_commit(),
+        threads=threads,
+    )
     workers: dict[str, Worker] = {}
     try:
         # One at a time, so that no load overlaps another; the lingcode worker first: it makes the
@@ -355,22 +417,36 @@ def run(args) -> int:
         workers["lingcode"] = Worker("lingcode", worker + ["lingcode", "--threads", str(threads)] + options, threads)
         dtype = workers["lingcode"].ready["engine"].get("dtype", "float32")
         # a peer's context: the longest prompt and its output (llama.cpp takes its KV cache whole at load)
-        context = max([4096] + [context_length(w) + args.max_tokens + 16 for w in workloads
-                                if context_length(w)])  # fmt: skip
+        context = max([4096] + [context_length(w) + args.max_tokens + 16 for w in workloads if context_length(w)])
         for peer in peers:
             kind = peer.removesuffix("-passive").removesuffix("-fa")
             # -I: not this folder on its path (its modules are named like other packages), nor PYTHON* variables
             argv = [python, "-I", str(Path(__file__).with_name("worker.py"))] if kind == "llama.cpp" else worker
-            argv = argv + [kind, "--threads", str(threads), "--model", str(model_path), "--device", device, "--dtype", dtype,
-                           "--context", str(context), *PEER_OPTIONS.get(peer, [])]  # fmt: skip
+            argv = argv + [
+                kind,
+                "--threads",
+                str(threads),
+                "--model",
+                str(model_path),
+                "--device",
+                device,
+                "--dtype",
+                dtype,
+                "--context",
+                str(context),
+                *PEER_OPTIONS.get(peer, []),
+            ]
             workers[peer] = Worker(peer, argv, threads, PEER_ENV.get(peer))
         for name, w in workers.items():
             report.workers[name] = w.ready
             report.load_s[name] = w.ready["load_s"]
-        plan = workers["lingcode"].ask({"plan": {"workloads": workloads, "requests": args.requests,
-                                                  "max_tokens": args.max_tokens}})["requests"]  # fmt: skip
-        variants = [(f"lingcode-{s}" if s else f"sglang-{args.profile or 'default'}", workers["lingcode"], s)
-                    for s in speculation] + [(peer, workers[peer], None) for peer in peers]  # fmt: skip
+        plan = workers["lingcode"].ask(
+            {"plan": {"workloads": workloads, "requests": args.requests, "max_tokens": args.max_tokens}}
+        )["requests"]
+        variants = [
+            (f"lingcode-{s}" if s else f"sglang-{args.profile or 'default'}", workers["lingcode"], s)
+            for s in speculation
+        ] + [(peer, workers[peer], None) for peer in peers]
         if args.engine == "sglang":
             report.hardware = "SGLang: " + workers["lingcode"].ready["name"]
         _measure(args, report, plan, variants)
@@ -397,9 +473,21 @@ def _measure(args, report: Report, plan: list[dict], variants: list[tuple]) -> N
             for name, worker, speculation in variants:  # alternate: every variant sees the same machine state
                 r = worker.ask({"request": {**request, "speculation": speculation}})["result"]
                 first = r["token_ids"] if first is None else first
-                results.append(Result(request["workload"], name, len(request["input_ids"]), r["tokens"], r["ttft_ms"],
-                                      r["tpot_ms"], r["accept_length"], index, r["token_ids"] == first,
-                                      r["served"], r["token_ids"]))  # fmt: skip
+                results.append(
+                    Result(
+                        request["workload"],
+                        name,
+                        len(request["input_ids"]),
+                        r["tokens"],
+                        r["ttft_ms"],
+                        r["tpot_ms"],
+                        r["accept_length"],
+                        index,
+                        r["token_ids"] == first,
+                        r["served"],
+                        r["token_ids"],
+                    )
+                )
                 progress.advance(task)
     report.load_avg["after"] = _load_avg()
     report.summary = summarize(results)
@@ -410,9 +498,11 @@ def _measure(args, report: Report, plan: list[dict], variants: list[tuple]) -> N
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").write_text(json.dumps(asdict(report), indent=1) + "\n")
-        builds = "".join(f"- {name}: pid {w['pid']}, {w['threads']} threads, {w['versions']}"
-                         f"{', ' + w['engine']['system_info'] if 'system_info' in w['engine'] else ''}\n"
-                         for name, w in report.workers.items())  # fmt: skip
+        builds = "".join(
+            f"- {name}: pid {w['pid']}, {w['threads']} threads, {w['versions']}"
+            f"{', ' + w['engine']['system_info'] if 'system_info' in w['engine'] else ''}\n"
+            for name, w in report.workers.items()
+        )
         out.with_suffix(".md").write_text(
             f"# lingcode bench, {report.date}\n\n- hardware: {report.hardware}\n- commit: {report.commit}\n"
             f"- command: `{report.command}`\n- load average (1 min): {report.load_avg}\n- load s: {report.load_s}\n"
@@ -431,28 +521,56 @@ def _load_avg() -> float | None:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--engine", choices=["local", "sglang"], default="local",
-                        help="engine to measure: the embedded one, or SGLang with --profile / --engine-url")  # fmt: skip
+    parser.add_argument(
+        "--engine",
+        choices=["local", "sglang"],
+        default="local",
+        help="engine to measure: the embedded one, or SGLang with --profile / --engine-url",
+    )
     parser.add_argument("--profile", help="SGLang launch profile (--engine sglang)")
     parser.add_argument("--engine-url", help="attach to a running SGLang server (--engine sglang)")
     parser.add_argument("--model", help="model (catalog name, GGUF file or HF directory); default: the default model")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device for the local engine")
-    parser.add_argument("--workload", default="chat,code-edit",
-                        help=f"comma-separated: {', '.join(WORKLOADS)} (context:L: L tokens of the standard library's "
-                             "code, continued: prefill and decode at that context)")  # fmt: skip
-    parser.add_argument("--speculation", default="off,ngram",
-                        help="comma-separated speculation modes to compare: off, ngram, early-exit:L "
-                             "(empty: peers only)")  # fmt: skip
-    parser.add_argument("--peers", default="", help=f"comma-separated, each in a process of its own: {', '.join(PEERS)}")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for every engine (default: torch's default here, one per core)")
-    parser.add_argument("--llama-cpp-python", metavar="PATH",
-                        help="the Python that has llama-cpp-python, for --peers llama.cpp (default: "
-                             "$LINGCODE_LLAMA_CPP_PYTHON, else .venv-llama-cpp of this checkout, else this one)")  # fmt: skip
+    parser.add_argument(
+        "--workload",
+        default="chat,code-edit",
+        help=f"comma-separated: {', '.join(WORKLOADS)} (context:L: L tokens of the standard library's "
+        "code, continued: prefill and decode at that context)",
+    )
+    parser.add_argument(
+        "--speculation",
+        default="off,ngram",
+        help="comma-separated speculation modes to compare: off, ngram, early-exit:L (empty: peers only)",
+    )
+    parser.add_argument(
+        "--peers", default="", help=f"comma-separated, each in a process of its own: {', '.join(PEERS)}"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for every engine (default: torch's default here, one per core)",
+    )
+    parser.add_argument(
+        "--llama-cpp-python",
+        metavar="PATH",
+        help="the Python that has llama-cpp-python, for --peers llama.cpp (default: "
+        "$LINGCODE_LLAMA_CPP_PYTHON, else .venv-llama-cpp of this checkout, else this one)",
+    )
     parser.add_argument("--requests", type=int, default=3, help="requests per workload")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (random/chat: exactly)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the torch step (GPU: the captured graph; CPU: the decode/verify forward)")
-    parser.add_argument("--kernels", choices=["auto", "torch", "triton", "native"], default="auto",
-                        help="the engine's forward pass: torch ops, hand-written Triton (GPU) or native (CPU); "
-                             "auto: Triton on a GPU, native on the CPU, unless --compile")
-    parser.add_argument("--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-llama-cpp-2026-12-01)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the torch step (GPU: the captured graph; CPU: the decode/verify forward)",
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=["auto", "torch", "triton", "native"],
+        default="auto",
+        help="the engine's forward pass: torch ops, hand-written Triton (GPU) or native (CPU); "
+        "auto: Triton on a GPU, native on the CPU, unless --compile",
+    )
+    parser.add_argument(
+        "--out", help="write OUT.json, OUT.md and OUT.png (e.g. bench/results/cpu-llama-cpp-2026-12-01)"
+    )

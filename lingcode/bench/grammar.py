@@ -43,21 +43,31 @@ def pathological() -> dict[str, dict]:
         nested = {"type": "object", "properties": {"a": nested}, "required": ["a"]}
     return {
         "enum of 10,000 strings of ~70 chars (770 KB)": {
-            "type": "object", "properties": {"a": {"enum": [f"option-{i:05d}-" + "x" * 60 for i in range(10000)]}}},
+            "type": "object",
+            "properties": {"a": {"enum": [f"option-{i:05d}-" + "x" * 60 for i in range(10000)]}},
+        },
         "5,000 required integer properties": {
-            "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(5000)},
-            "required": [f"p{i}" for i in range(5000)]},
-        "anyOf of 3,000 objects": {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}},
-                                              "required": [f"k{i}"]} for i in range(3000)]},
+            "type": "object",
+            "properties": {f"p{i}": {"type": "integer"} for i in range(5000)},
+            "required": [f"p{i}" for i in range(5000)],
+        },
+        "anyOf of 3,000 objects": {
+            "anyOf": [
+                {"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
+                for i in range(3000)
+            ]
+        },
         "40 levels of nested objects": nested,
-    }  # fmt: skip
+    }
 
 
 def tools(name: str):
     from lingcode.agent.tool_parsers import Tool
 
     data = json.loads((REPO / "tests" / "data" / TOOL_SETS[name]).read_text())["tools"]
-    return [Tool(t["function"]["name"], t["function"].get("description", ""), t["function"]["parameters"]) for t in data]
+    return [
+        Tool(t["function"]["name"], t["function"].get("description", ""), t["function"]["parameters"]) for t in data
+    ]
 
 
 def load_tokenizer():
@@ -67,7 +77,9 @@ def load_tokenizer():
     from lingcode.text.tokenizer import Tokenizer
 
     reader = GGUFReader(str(models.ensure(models.DEFAULT_MODEL)))
-    return Tokenizer.from_gguf_fields({k: reader.fields[k].contents() for k in reader.fields if k.startswith("tokenizer.ggml.")})
+    return Tokenizer.from_gguf_fields(
+        {k: reader.fields[k].contents() for k in reader.fields if k.startswith("tokenizer.ggml.")}
+    )
 
 
 class Llguidance:
@@ -102,8 +114,13 @@ class Xgrammar:
         vocab = [tokenizer.id_to_token(i) or "" for i in range(tokenizer.vocab_size)]
         for i in tokenizer.special_ids:
             vocab[i] = ""
-        info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.BYTE_LEVEL, vocab_size=tokenizer.vocab_size,
-                                 stop_token_ids=list(stop_ids), add_prefix_space=False)  # fmt: skip
+        info = xgr.TokenizerInfo(
+            vocab,
+            vocab_type=xgr.VocabType.BYTE_LEVEL,
+            vocab_size=tokenizer.vocab_size,
+            stop_token_ids=list(stop_ids),
+            add_prefix_space=False,
+        )
         self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self.vocab_size = tokenizer.vocab_size
         self.setup_ms = (time.perf_counter() - started) * 1e3
@@ -135,12 +152,33 @@ class XgrammarConstraint:
 
 def hermes_structural_tag(tools_) -> dict:
     """The xgrammar structural tag lingcode's Hermes format used (before llguidance)."""
-    call = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                       "required": ["name", "arguments"], "additionalProperties": False} for t in tools_]}  # fmt: skip
-    tag = {"type": "tag", "begin": "<tool_call>", "end": "</tool_call>",
-           "content": {"type": "json_schema", "json_schema": call, "max_whitespace_cnt": 1}}  # fmt: skip
-    return {"type": "structural_tag", "format": {"type": "tags_with_separator", "tags": [tag], "separator": "\n",
-                                                 "at_least_one": True, "stop_after_first": False}}  # fmt: skip
+    call = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in tools_
+        ]
+    }
+    tag = {
+        "type": "tag",
+        "begin": "<tool_call>",
+        "end": "</tool_call>",
+        "content": {"type": "json_schema", "json_schema": call, "max_whitespace_cnt": 1},
+    }
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "tags_with_separator",
+            "tags": [tag],
+            "separator": "\n",
+            "at_least_one": True,
+            "stop_after_first": False,
+        },
+    }
 
 
 def measure(lib, tokenizer, kind: str, spec, text: str, tools_=None, rounds: int = 3) -> dict:
@@ -163,8 +201,12 @@ def measure(lib, tokenizer, kind: str, spec, text: str, tools_=None, rounds: int
                 raise RuntimeError(f"{lib.name} masked out token {token} ({tokenizer.decode([token])!r}) of {text!r}")
             logits.zero_()
             constraint.accept(token)
-    return {"compile_ms": round(min(compile_ms), 2), "mask_us_median": round(statistics.median(mask_us), 1),
-            "mask_us_max": round(max(mask_us), 1), "tokens": len(ids)}  # fmt: skip
+    return {
+        "compile_ms": round(min(compile_ms), 2),
+        "mask_us_median": round(statistics.median(mask_us), 1),
+        "mask_us_max": round(max(mask_us), 1),
+        "tokens": len(ids),
+    }
 
 
 def main(args) -> int:
@@ -182,12 +224,17 @@ def main(args) -> int:
     for name in TOOL_SETS:
         tool_list = tools(name)
         fn, arguments = CALLS[name]
-        text = f'<tool_call>{json.dumps({"name": fn, "arguments": arguments})}</tool_call>'
+        text = f"<tool_call>{json.dumps({'name': fn, 'arguments': arguments})}</tool_call>"
         schema_bytes = len(json.dumps([t.parameters for t in tool_list]))
         for lib in libraries:
             row = measure(lib, tokenizer, "tools", None, text, tool_list)
-            rows.append({"case": f"{name}: tool_choice required ({len(tool_list)} tools, {schema_bytes} B of schemas)",
-                         "library": lib.name, **row})  # fmt: skip
+            rows.append(
+                {
+                    "case": f"{name}: tool_choice required ({len(tool_list)} tools, {schema_bytes} B of schemas)",
+                    "library": lib.name,
+                    **row,
+                }
+            )
     for lib in libraries:
         row = measure(lib, tokenizer, "json_schema", ANSWER_SCHEMA, json.dumps(ANSWER))
         rows.append({"case": "response_format json_schema (3 properties)", "library": lib.name, **row})
@@ -196,10 +243,17 @@ def main(args) -> int:
     for label in pathological():
         for lib in libraries:
             patho.append({"case": label, "library": lib.name, **_run_child(lib.name, label)})
-    result = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": source_commit(),
-              "command": "lingcode bench grammar " + " ".join(sys.argv[3:]), "cpus": usable_cpus(),
-              "loadavg": os.getloadavg(), "versions": _versions(), "tokenizer_setup_ms": setup, "rows": rows,
-              "pathological": patho}  # fmt: skip
+    result = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": source_commit(),
+        "command": "lingcode bench grammar " + " ".join(sys.argv[3:]),
+        "cpus": usable_cpus(),
+        "loadavg": os.getloadavg(),
+        "versions": _versions(),
+        "tokenizer_setup_ms": setup,
+        "rows": rows,
+        "pathological": patho,
+    }
     table = render(result)
     print(table)
     write_result(args.out, result, table)
@@ -215,8 +269,11 @@ def _run_child(library: str, label: str) -> dict:
         return {"outcome": f"still compiling after {PATHOLOGICAL_TIMEOUT_S} s (stopped)", "compile_ms": None}
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        return {"outcome": f"child failed: {done.stderr.strip()[-200:]}", "compile_ms": None,
-                "wall_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+        return {
+            "outcome": f"child failed: {done.stderr.strip()[-200:]}",
+            "compile_ms": None,
+            "wall_s": round(time.perf_counter() - started, 1),
+        }
     return json.loads(lines[-1])
 
 
@@ -235,7 +292,11 @@ def _pathological_child(which: str) -> int:
         constraint.mask_logits(torch.zeros(tokenizer.vocab_size))
         first_mask_ms = round((time.perf_counter() - started) * 1e3, 1)
     except Exception as exc:  # a refusal (over the bounds) is an outcome too
-        outcome, compile_ms, first_mask_ms = f"refused: {str(exc).splitlines()[0][:120]}", (time.perf_counter() - started) * 1e3, None
+        outcome, compile_ms, first_mask_ms = (
+            f"refused: {str(exc).splitlines()[0][:120]}",
+            (time.perf_counter() - started) * 1e3,
+            None,
+        )
     print(json.dumps({"outcome": outcome, "compile_ms": round(compile_ms, 1), "first_mask_ms": first_mask_ms}))
     return 0
 
@@ -253,19 +314,31 @@ def _versions() -> dict:
 
 
 def render(result: dict) -> str:
-    lines = [f"# lingcode bench grammar ({result['date']}, commit {result['commit']})", "",
-             f"`{result['command']}`; {result['cpus']} CPUs, load average {result['loadavg'][0]:.2f}; "
-             f"{', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}. Default model's tokenizer "
-             "(SmolLM2, 49,152 tokens), Hermes tool-call markup.", "",
-             "Tokenizer set-up (once per daemon): " + ", ".join(f"{k} {v:.0f} ms" for k, v in result["tokenizer_setup_ms"].items()),
-             "", "| case | library | compile ms (cold) | mask µs per token, median | max | tokens |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# lingcode bench grammar ({result['date']}, commit {result['commit']})",
+        "",
+        f"`{result['command']}`; {result['cpus']} CPUs, load average {result['loadavg'][0]:.2f}; "
+        f"{', '.join(f'{k} {v}' for k, v in result['versions'].items() if v)}. Default model's tokenizer "
+        "(SmolLM2, 49,152 tokens), Hermes tool-call markup.",
+        "",
+        "Tokenizer set-up (once per daemon): "
+        + ", ".join(f"{k} {v:.0f} ms" for k, v in result["tokenizer_setup_ms"].items()),
+        "",
+        "| case | library | compile ms (cold) | mask µs per token, median | max | tokens |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in result["rows"]:
-        lines.append(f"| {row['case']} | {row['library']} | {row['compile_ms']:.1f} | {row['mask_us_median']:.0f} | "
-                     f"{row['mask_us_max']:.0f} | {row['tokens']} |")  # fmt: skip
-    lines += ["", "Pathological schemas (a compile per child process, stopped after "
-              f"{PATHOLOGICAL_TIMEOUT_S} s):", "", "| schema | library | outcome | compile ms | first mask ms |",
-              "|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {row['case']} | {row['library']} | {row['compile_ms']:.1f} | {row['mask_us_median']:.0f} | "
+            f"{row['mask_us_max']:.0f} | {row['tokens']} |"
+        )
+    lines += [
+        "",
+        f"Pathological schemas (a compile per child process, stopped after {PATHOLOGICAL_TIMEOUT_S} s):",
+        "",
+        "| schema | library | outcome | compile ms | first mask ms |",
+        "|---|---|---|---|---|",
+    ]
     for row in result["pathological"]:
         compile_ms = "-" if row.get("compile_ms") is None else f"{row['compile_ms']:.0f}"
         first = "-" if row.get("first_mask_ms") is None else f"{row['first_mask_ms']:.1f}"

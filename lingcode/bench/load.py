@@ -46,8 +46,12 @@ def one_run(home: Path, model: Path) -> dict:
         while httpx.get(f"{url}/health", timeout=10).status_code != 200:
             time.sleep(0.01)
         ready = time.perf_counter()
-        answer = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {token}"}, timeout=120,
-                            json={"prompt": "def add(a, b):", "max_tokens": 1, "temperature": 0})  # fmt: skip
+        answer = httpx.post(
+            f"{url}/v1/completions",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=120,
+            json={"prompt": "def add(a, b):", "max_tokens": 1, "temperature": 0},
+        )
         answer.raise_for_status()
         first = time.perf_counter()
     finally:
@@ -73,15 +77,31 @@ def main(args) -> int:
                     shutil.rmtree(home / "cache" / "prepared", ignore_errors=True)
                 run = one_run(home, model)
                 runs[kind].append(run)
-                print(f"{kind} {i + 1}/{args.runs}: ready {run['ready_s']:.2f} s, first token {run['first_token_s']:.2f} s",
-                      flush=True)  # fmt: skip
-    rows = [{"cache": kind, "ready_s": statistics.median(r["ready_s"] for r in found),
-             "first_token_s": statistics.median(r["first_token_s"] for r in found), "runs": found}
-            for kind, found in runs.items()]  # fmt: skip
-    result = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": source_commit(),
-              "command": "lingcode bench load " + " ".join(sys.argv[3:]), "model": model.name, "runs": args.runs,
-              "cpus": usable_cpus(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-              "goal_s": GOAL_S, "rows": rows}  # fmt: skip
+                print(
+                    f"{kind} {i + 1}/{args.runs}: ready {run['ready_s']:.2f} s, first token {run['first_token_s']:.2f} s",
+                    flush=True,
+                )
+    rows = [
+        {
+            "cache": kind,
+            "ready_s": statistics.median(r["ready_s"] for r in found),
+            "first_token_s": statistics.median(r["first_token_s"] for r in found),
+            "runs": found,
+        }
+        for kind, found in runs.items()
+    ]
+    result = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": source_commit(),
+        "command": "lingcode bench load " + " ".join(sys.argv[3:]),
+        "model": model.name,
+        "runs": args.runs,
+        "cpus": usable_cpus(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "goal_s": GOAL_S,
+        "rows": rows,
+    }
     table = render(result)
     print(table)
     write_result(args.out, result, table)
@@ -89,13 +109,17 @@ def main(args) -> int:
 
 
 def render(result: dict) -> str:
-    lines = [f"# lingcode bench load ({result['date']}, commit {result['commit']})", "",
-             f"`{result['command']}`: {result['model']}, `lingcode serve --device cpu`, {result['runs']} runs per "
-             f"cache state, alternating; {result['cpus']} CPUs; load average {result['loadavg_before'][0]:.2f} before, "
-             f"{result['loadavg_after'][0]:.2f} after. Medians, seconds from the process start; goal: ready "
-             f"within {result['goal_s']:.0f} s with a warm cache.", "",
-             "| prepared-model cache | ready (/health 200) | first token | runs: ready / first token |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# lingcode bench load ({result['date']}, commit {result['commit']})",
+        "",
+        f"`{result['command']}`: {result['model']}, `lingcode serve --device cpu`, {result['runs']} runs per "
+        f"cache state, alternating; {result['cpus']} CPUs; load average {result['loadavg_before'][0]:.2f} before, "
+        f"{result['loadavg_after'][0]:.2f} after. Medians, seconds from the process start; goal: ready "
+        f"within {result['goal_s']:.0f} s with a warm cache.",
+        "",
+        "| prepared-model cache | ready (/health 200) | first token | runs: ready / first token |",
+        "|---|---|---|---|",
+    ]
     for row in result["rows"]:
         runs = ", ".join(f"{r['ready_s']:.1f} / {r['first_token_s']:.1f}" for r in row["runs"])
         lines.append(f"| {row['cache']} | {row['ready_s']:.2f} | {row['first_token_s']:.2f} | {runs} |")

@@ -54,9 +54,11 @@ def main(args) -> int:
 
     running = read_daemon_file()
     if running is not None and not args.reuse_daemon:
-        print(f"lingcode bench lsp: a lingcode daemon is already running (pid {running.pid}, {running.url}); "
-              "the LSP would use it whatever its options. Stop it, or pass --reuse-daemon to measure it.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"lingcode bench lsp: a lingcode daemon is already running (pid {running.pid}, {running.url}); "
+            "the LSP would use it whatever its options. Stop it, or pass --reuse-daemon to measure it.",
+            file=sys.stderr,
+        )
         return 2
     load_before = os.getloadavg()
     files = []
@@ -71,13 +73,23 @@ def main(args) -> int:
     summary = summarize(keystrokes)
     result = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": source_commit(), "settings": files[0]["settings"], "daemon_args": files[0]["daemon_args"],
-        "daemon": files[-1]["daemon"], "daemon_started_by_bench": running is None,
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "load_before": [round(x, 2) for x in load_before],
-                    "load_after": [round(x, 2) for x in os.getloadavg()]},
-        "goals": check_goals(summary), "summary": summary, "files": files, "keystrokes": keystrokes,
-    }  # fmt: skip
+        "commit": source_commit(),
+        "settings": files[0]["settings"],
+        "daemon_args": files[0]["daemon_args"],
+        "daemon": files[-1]["daemon"],
+        "daemon_started_by_bench": running is None,
+        "machine": {
+            "cpu": _cpu(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "goals": check_goals(summary),
+        "summary": summary,
+        "files": files,
+        "keystrokes": keystrokes,
+    }
     table = render(result)
     print(table)
     if args.out is not None:
@@ -90,10 +102,15 @@ def main(args) -> int:
 
 def check_goals(summary: dict) -> dict:
     """Each goal: the measured value, the target, and whether it was met (None: nothing measured)."""
-    measured = {"fresh_p50_ms": summary["fresh_ms"]["p50"], "fresh_p95_ms": summary["fresh_ms"]["p95"],
-                "typed_ahead_p50_ms": summary["typed_ahead_ms"]["p50"]}  # fmt: skip
-    return {name: {"value": measured[name], "goal": goal, "met": None if measured[name] is None else measured[name] <= goal}
-            for name, goal in GOALS.items()}  # fmt: skip
+    measured = {
+        "fresh_p50_ms": summary["fresh_ms"]["p50"],
+        "fresh_p95_ms": summary["fresh_ms"]["p95"],
+        "typed_ahead_p50_ms": summary["typed_ahead_ms"]["p50"],
+    }
+    return {
+        name: {"value": measured[name], "goal": goal, "met": None if measured[name] is None else measured[name] <= goal}
+        for name, goal in GOALS.items()
+    }
 
 
 async def replay(args, path: Path) -> dict:
@@ -115,12 +132,18 @@ async def replay(args, path: Path) -> dict:
     client.feature(types.PROGRESS)(lambda params: print(f"  {_message(params.value)}", file=sys.stderr))
     client.feature(types.WINDOW_LOG_MESSAGE)(lambda params: None)
     serve_args = serve_options(args, ("model", "device", "port"))
-    options = {key: value for key, value in (("maxTokens", args.max_tokens), ("timeBudgetMs", args.time_budget_ms))
-               if value is not None}  # fmt: skip
+    options = {
+        key: value
+        for key, value in (("maxTokens", args.max_tokens), ("timeBudgetMs", args.time_budget_ms))
+        if value is not None
+    }
     await client.start_io(sys.executable, "-m", "lingcode", "lsp", *serve_args)
     capabilities = types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=True))
-    await client.initialize_async(types.InitializeParams(
-        capabilities=capabilities, root_uri=_root(path).as_uri(), initialization_options=options or None))  # fmt: skip
+    await client.initialize_async(
+        types.InitializeParams(
+            capabilities=capabilities, root_uri=_root(path).as_uri(), initialization_options=options or None
+        )
+    )
     client.initialized(types.InitializedParams())
     stats = await client.protocol.send_request_async("lingcode/stats", None)
     deadline = time.monotonic() + 600
@@ -137,7 +160,8 @@ async def replay(args, path: Path) -> dict:
         context = types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)
         began = time.perf_counter()
         answer = await client.text_document_inline_completion_async(
-            types.InlineCompletionParams(context, types.TextDocumentIdentifier(uri), position))
+            types.InlineCompletionParams(context, types.TextDocumentIdentifier(uri), position)
+        )
         ms = (time.perf_counter() - began) * 1e3
         items = answer.items if answer is not None else []
         began = time.perf_counter()
@@ -157,8 +181,9 @@ async def replay(args, path: Path) -> dict:
         at = types.Position(line, column)
         change = types.TextDocumentContentChangePartial(range=types.Range(at, at), text=char)
         began = time.perf_counter()
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            types.VersionedTextDocumentIdentifier(uri=uri, version=version), [change]))  # fmt: skip
+        client.text_document_did_change(
+            types.DidChangeTextDocumentParams(types.VersionedTextDocumentIdentifier(uri=uri, version=version), [change])
+        )
         line, column = (line + 1, 0) if char == "\n" else (line, column + len(char.encode("utf-16-le")) // 2)
         before = stats
         ms, suggestion, stats = await ask(types.Position(line, column))
@@ -174,12 +199,18 @@ async def replay(args, path: Path) -> dict:
     await client.stop()
     return {
         "file": str(path.relative_to(_root(path))) if path.is_relative_to(_root(path)) else str(path),
-        "language": language, "start_line": start_line, "chars": len(typed), "settings": options,
-        "daemon_args": serve_args, "daemon": None if daemon is None else {"url": daemon.url, "model": daemon.model},
-        "cold": cold, "keystrokes": records, "summary": summarize(records),
+        "language": language,
+        "start_line": start_line,
+        "chars": len(typed),
+        "settings": options,
+        "daemon_args": serve_args,
+        "daemon": None if daemon is None else {"url": daemon.url, "model": daemon.model},
+        "cold": cold,
+        "keystrokes": records,
+        "summary": summarize(records),
         "lsp_internal_ms": {"typed_ahead": stats.cache_ms._asdict(), "engine": stats.engine_ms._asdict()},
         "stats_round_trip_ms": {"p50": _pct(round_trips, 0.5), "p95": _pct(round_trips, 0.95)},
-    }  # fmt: skip
+    }
 
 
 def stop_daemon(pid: int, timeout: float = 30.0) -> None:
@@ -205,8 +236,10 @@ def _message(value) -> str:
 
 
 def _figures(last) -> dict:
-    figures = {k: getattr(last, k, None) for k in ("prompt_tokens", "cached_tokens", "prefilled_tokens",
-                                                    "completion_tokens", "ttft_ms", "daemon_ms")}  # fmt: skip
+    figures = {
+        k: getattr(last, k, None)
+        for k in ("prompt_tokens", "cached_tokens", "prefilled_tokens", "completion_tokens", "ttft_ms", "daemon_ms")
+    }
     figures["ended"] = getattr(last, "cut", None) or {"stop": "eos"}.get(last.finish_reason, last.finish_reason)
     return figures
 
@@ -239,8 +272,11 @@ def summarize(records: list[dict]) -> dict:
     fresh = [r for r in records if r["source"] == "engine"]
     hits = [r for r in records if r["source"] == "typed_ahead"]
     prefilled = [r["prefilled_tokens"] for r in fresh if r.get("prefilled_tokens") is not None]
-    per_token = [(r["daemon_ms"] - r["ttft_ms"]) / (r["completion_tokens"] - 1)
-                 for r in fresh if r.get("ttft_ms") and r.get("completion_tokens", 0) > 1]  # fmt: skip
+    per_token = [
+        (r["daemon_ms"] - r["ttft_ms"]) / (r["completion_tokens"] - 1)
+        for r in fresh
+        if r.get("ttft_ms") and r.get("completion_tokens", 0) > 1
+    ]
     cuts: dict[str, int] = {}
     for r in fresh:
         cuts[str(r.get("ended"))] = cuts.get(str(r.get("ended")), 0) + 1
@@ -252,15 +288,20 @@ def summarize(records: list[dict]) -> dict:
         "fresh_ms": {"p50": _pct([r["ms"] for r in fresh], 0.5), "p95": _pct([r["ms"] for r in fresh], 0.95)},
         "typed_ahead_ms": {"p50": _pct([r["ms"] for r in hits], 0.5), "p95": _pct([r["ms"] for r in hits], 0.95)},
         "all_ms": {"p50": _pct([r["ms"] for r in records], 0.5), "p95": _pct([r["ms"] for r in records], 0.95)},
-        "ttft_ms": {"p50": _pct([r["ttft_ms"] for r in fresh if r.get("ttft_ms")], 0.5),
-                    "p95": _pct([r["ttft_ms"] for r in fresh if r.get("ttft_ms")], 0.95)},
-        "prefilled_tokens": {"p50": _pct(prefilled, 0.5), "p95": _pct(prefilled, 0.95),
-                             "mean": round(statistics.fmean(prefilled), 2) if prefilled else None},
+        "ttft_ms": {
+            "p50": _pct([r["ttft_ms"] for r in fresh if r.get("ttft_ms")], 0.5),
+            "p95": _pct([r["ttft_ms"] for r in fresh if r.get("ttft_ms")], 0.95),
+        },
+        "prefilled_tokens": {
+            "p50": _pct(prefilled, 0.5),
+            "p95": _pct(prefilled, 0.95),
+            "mean": round(statistics.fmean(prefilled), 2) if prefilled else None,
+        },
         "decode_ms_per_token": {"p50": _pct(per_token, 0.5), "p95": _pct(per_token, 0.95)},
         "prompt_tokens_mean": round(statistics.fmean(r["prompt_tokens"] for r in fresh), 1) if fresh else None,
         "non_empty_rate": round(sum(bool(r["suggestion"]) for r in records) / len(records), 3) if records else None,
         "cuts": cuts,
-    }  # fmt: skip
+    }
 
 
 def render(result: dict) -> str:
@@ -276,8 +317,11 @@ def render(result: dict) -> str:
         return f"{d['p50']} / {d['p95']}"
 
     first = files[0]
-    where = (f"{first['chars']} characters of {first['file']} from line {first['start_line']}" if len(files) == 1
-             else f"{len(files)} files, {sum(f['chars'] for f in files)} characters")  # fmt: skip
+    where = (
+        f"{first['chars']} characters of {first['file']} from line {first['start_line']}"
+        if len(files) == 1
+        else f"{len(files)} files, {sum(f['chars'] for f in files)} characters"
+    )
     rows = [
         ("keystrokes typed", f"{s['keystrokes']} ({where})"),
         ("typed-ahead hits", f"{s['typed_ahead_hits']} ({100 * (s['typed_ahead_hit_rate'] or 0):.1f} %)"),
@@ -289,12 +333,14 @@ def render(result: dict) -> str:
         ("keystroke -> suggestion, all keystrokes p50 / p95", f"{pair(s['all_ms'])} ms"),
         ("daemon time to first token, fresh p50 / p95", f"{pair(s['ttft_ms'])} ms"),
         ("daemon decode time per generated token p50 / p95", f"{pair(s['decode_ms_per_token'])} ms"),
-        ("tokens prefilled per engine call p50 / p95 / mean",
-         f"{pair(s['prefilled_tokens'])} / {s['prefilled_tokens']['mean']}"),
+        (
+            "tokens prefilled per engine call p50 / p95 / mean",
+            f"{pair(s['prefilled_tokens'])} / {s['prefilled_tokens']['mean']}",
+        ),
         ("prompt tokens per engine call (mean)", str(s["prompt_tokens_mean"])),
         ("answers with a suggestion", f"{100 * (s['non_empty_rate'] or 0):.1f} %"),
         ("why suggestions ended", ", ".join(f"{k}: {v}" for k, v in sorted(s["cuts"].items()))),
-    ]  # fmt: skip
+    ]
     per_file = [
         f"| {f['file']} | {f['language']} | {f['start_line']} | {f['summary']['keystrokes']} | "
         f"{f['summary']['typed_ahead_hits']} | {f['summary']['engine_calls']} | {pair(f['summary']['fresh_ms'])} | "

@@ -94,13 +94,21 @@ def prompts(tokenizer, chat_template: str | None, tokens: int) -> dict[str, list
     """Token ids of each prompt, at most `tokens` long."""
     from lingcode.bench.decode import held_out_code
 
-    out = {"python (stdlib)": held_out_code(tokenizer, tokens)[:tokens],
-           "c": tokenizer.encode(C_FILE)[:tokens], "rust": tokenizer.encode(RUST_FILE)[:tokens]}  # fmt: skip
+    out = {
+        "python (stdlib)": held_out_code(tokenizer, tokens)[:tokens],
+        "c": tokenizer.encode(C_FILE)[:tokens],
+        "rust": tokenizer.encode(RUST_FILE)[:tokens],
+    }
     if chat_template:
         from lingcode.text.chat_template import render_chat
 
-        chat = render_chat(chat_template, [{"role": "user", "content": "Write a debounce function in JavaScript."},
-                                           {"role": "assistant", "content": JS_ANSWER}])  # fmt: skip
+        chat = render_chat(
+            chat_template,
+            [
+                {"role": "user", "content": "Write a debounce function in JavaScript."},
+                {"role": "assistant", "content": JS_ANSWER},
+            ],
+        )
         out["chat"] = tokenizer.encode(chat)[:tokens]
     return out
 
@@ -112,8 +120,12 @@ def compare(ours, theirs) -> dict:
     p = torch.log_softmax(torch.as_tensor(theirs, dtype=torch.float64), -1)
     q = torch.log_softmax(ours.to(torch.float64), -1)
     kl = (p.exp() * (p - q)).sum(-1)
-    return {"positions": int(p.shape[0]), "top1": float((p.argmax(-1) == q.argmax(-1)).double().mean()),
-            "kl_mean": float(kl.mean()), "kl_max": float(kl.max())}  # fmt: skip
+    return {
+        "positions": int(p.shape[0]),
+        "top1": float((p.argmax(-1) == q.argmax(-1)).double().mean()),
+        "kl_mean": float(kl.mean()),
+        "kl_max": float(kl.max()),
+    }
 
 
 def run(model: Path, python: str, threads: int, tokens: int, continuation: int) -> dict:
@@ -130,9 +142,23 @@ def run(model: Path, python: str, threads: int, tokens: int, continuation: int) 
     engine = load_engine(model, device="cpu", speculation="off")
     info = engine.info
     texts = prompts(info.tokenizer, info.chat_template, tokens)
-    worker = Worker("llama.cpp", [python, "-I", str(Path(__file__).with_name("worker.py")), "llama.cpp",
-                                  "--model", str(model), "--threads", str(threads), "--logits-all",
-                                  "--context", str(tokens + continuation + 64)], threads)  # fmt: skip
+    worker = Worker(
+        "llama.cpp",
+        [
+            python,
+            "-I",
+            str(Path(__file__).with_name("worker.py")),
+            "llama.cpp",
+            "--model",
+            str(model),
+            "--threads",
+            str(threads),
+            "--logits-all",
+            "--context",
+            str(tokens + continuation + 64),
+        ],
+        threads,
+    )
 
     async def greedy(ids: list[int]) -> list[int]:
         engine.reset_cache()
@@ -161,21 +187,38 @@ def run(model: Path, python: str, threads: int, tokens: int, continuation: int) 
     finally:
         worker.close()
     positions = sum(r["positions"] for r in rows)
-    total = {"top1": sum(r["top1"] * r["positions"] for r in rows) / positions,
-             "kl_mean": sum(r["kl_mean"] * r["positions"] for r in rows) / positions,
-             "kl_max": max(r["kl_max"] for r in rows), "positions": positions}  # fmt: skip
-    return {"model": info.name, "file": model.name, "commit": source_commit(), "threads": threads,
-            "engine": info.extra, "llama_cpp": worker.ready["versions"], "prompts": rows, "total": total}  # fmt: skip
+    total = {
+        "top1": sum(r["top1"] * r["positions"] for r in rows) / positions,
+        "kl_mean": sum(r["kl_mean"] * r["positions"] for r in rows) / positions,
+        "kl_max": max(r["kl_max"] for r in rows),
+        "positions": positions,
+    }
+    return {
+        "model": info.name,
+        "file": model.name,
+        "commit": source_commit(),
+        "threads": threads,
+        "engine": info.extra,
+        "llama_cpp": worker.ready["versions"],
+        "prompts": rows,
+        "total": total,
+    }
 
 
 def table(result: dict) -> str:
-    lines = [f"# lingcode vs llama.cpp logits: {result['model']} ({result['file']})", "",
-             f"commit {result['commit']}; lingcode {result['engine'].get('step')} step; llama.cpp "
-             f"{result['llama_cpp']}", "",
-             "| prompt | positions | top-1 agreement | mean KL | max KL | greedy tokens alike |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# lingcode vs llama.cpp logits: {result['model']} ({result['file']})",
+        "",
+        f"commit {result['commit']}; lingcode {result['engine'].get('step')} step; llama.cpp {result['llama_cpp']}",
+        "",
+        "| prompt | positions | top-1 agreement | mean KL | max KL | greedy tokens alike |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["prompts"]:
-        lines.append(f"| {r['prompt']} | {r['positions']} | {r['top1']:.1%} | {r['kl_mean']:.4f} | {r['kl_max']:.3f} | "
-                     f"{r['greedy_same']}/{r['greedy_tokens']} |")  # fmt: skip
+        lines.append(
+            f"| {r['prompt']} | {r['positions']} | {r['top1']:.1%} | {r['kl_mean']:.4f} | {r['kl_max']:.3f} | "
+            f"{r['greedy_same']}/{r['greedy_tokens']} |"
+        )
     t = result["total"]
     lines.append(f"| all | {t['positions']} | {t['top1']:.1%} | {t['kl_mean']:.4f} | {t['kl_max']:.3f} | |")
     return "\n".join(lines) + "\n"

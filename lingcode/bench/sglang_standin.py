@@ -27,8 +27,16 @@ def event(out: dict) -> bytes:
 
 
 def meta(rid: str, prompt_tokens: int, n_out: int, finish=None) -> dict:
-    return {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens, "weight_version": "default",
-            "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": n_out, "cached_tokens": 0}  # fmt: skip
+    return {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": n_out,
+        "cached_tokens": 0,
+    }
 
 
 class StandIn:
@@ -36,9 +44,15 @@ class StandIn:
         self.ids, self.step_s, self.incremental = ids, step_s, incremental
         self.aborted: set[str] = set()
         self.lock = threading.Lock()
-        self.server_info = {"version": "0.5.23", "context_length": context_length, "max_req_input_len": context_length - 1,
-                            "incremental_streaming_output": incremental, "speculative_algorithm": None, "tp_size": 1,
-                            "model_path": "stand-in"}  # fmt: skip
+        self.server_info = {
+            "version": "0.5.23",
+            "context_length": context_length,
+            "max_req_input_len": context_length - 1,
+            "incremental_streaming_output": incremental,
+            "speculative_algorithm": None,
+            "tp_size": 1,
+            "model_path": "stand-in",
+        }
 
     def stream(self, rid: str, body: dict, write) -> None:
         params = body.get("sampling_params") or {}

@@ -49,8 +49,12 @@ TASKS = [
     "Is this code thread-safe? Answer briefly.",
     "Add a type hint to one function and show the line.",
 ]
-COMPLETION_PREFIXES = ["def fibonacci(n):\n    ", "class Stack:\n    def __init__(self):\n        ",
-                       "import os\n\nfor name in os.listdir(", "def is_prime(n: int) -> bool:\n    "]  # fmt: skip
+COMPLETION_PREFIXES = [
+    "def fibonacci(n):\n    ",
+    "class Stack:\n    def __init__(self):\n        ",
+    "import os\n\nfor name in os.listdir(",
+    "def is_prime(n: int) -> bool:\n    ",
+]
 
 
 @dataclass
@@ -120,8 +124,9 @@ class Soak:
                     self.report.rss_mb.append((turn + 1, rss))
                     if turn + 1 >= self.config.warmup_turns and baseline is None:
                         baseline = rss
-                    self.say(f"turn {turn + 1}/{self.config.turns}: rss {rss:.0f} MB, "
-                             f"{len(self.report.failures)} failures")  # fmt: skip
+                    self.say(
+                        f"turn {turn + 1}/{self.config.turns}: rss {rss:.0f} MB, {len(self.report.failures)} failures"
+                    )
         except KeyboardInterrupt:  # Ctrl+C, or SIGTERM (see run()): check and report what ran so far
             self.report.failures.append(f"interrupted after {self.report.turns_done} of {self.config.turns} turns")
         after = self._wait_idle()
@@ -134,7 +139,10 @@ class Soak:
         import httpx
 
         try:
-            if self.config.queued_cancel_every and turn % self.config.queued_cancel_every == self.config.queued_cancel_every - 1:
+            if (
+                self.config.queued_cancel_every
+                and turn % self.config.queued_cancel_every == self.config.queued_cancel_every - 1
+            ):
                 self._cancel_while_queued(turn)
             else:
                 cancel = self.config.cancel_every and turn % self.config.cancel_every == self.config.cancel_every - 1
@@ -154,8 +162,14 @@ class Soak:
 
     def _agent_turn(self, turn: int, cancel: bool) -> None:
         messages = self._agent_messages(turn)
-        body = {"messages": messages, "max_tokens": self.config.max_tokens, "temperature": 0.7, "seed": turn,
-                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {
+            "messages": messages,
+            "max_tokens": self.config.max_tokens,
+            "temperature": 0.7,
+            "seed": turn,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         text, events = [], 0
         with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
             self._expect(response, turn, "agent turn")
@@ -240,18 +254,24 @@ class Soak:
             fail(f"engine requests unaccounted for: {engine}")
         if engine["errors"]:
             fail(f"{engine['errors']} requests failed in the engine")
-        sched = {k: after["scheduler"][k] - before["scheduler"][k]
-                 for k in ("submitted", "completed", "aborted", "dropped_while_queued")}  # fmt: skip
+        sched = {
+            k: after["scheduler"][k] - before["scheduler"][k]
+            for k in ("submitted", "completed", "aborted", "dropped_while_queued")
+        }
         # A request dropped while queued never ran: it is neither completed nor aborted.
         if sched["submitted"] != sched["completed"] + sched["aborted"] + sched["dropped_while_queued"]:
             fail(f"scheduler requests unaccounted for: {sched}")
         cancels = self.counts["cancelled_mid_stream"] + self.counts["cancelled_queued"]
         if sched["aborted"] + sched["dropped_while_queued"] < cancels:
-            fail(f"{cancels} cancellations but only {sched['aborted']} aborts and {sched['dropped_while_queued']} drops")
+            fail(
+                f"{cancels} cancellations but only {sched['aborted']} aborts and {sched['dropped_while_queued']} drops"
+            )
         if after["engine"].get("cached_context_tokens", 0) > context_length:
             fail(f"the KV cache holds {after['engine']['cached_context_tokens']} tokens, over the context")
         if baseline is not None and len(report.rss_mb) > 1:
-            report.rss_growth_mb = round(max(mb for t, mb in report.rss_mb if t >= self.config.warmup_turns) - baseline, 1)
+            report.rss_growth_mb = round(
+                max(mb for t, mb in report.rss_mb if t >= self.config.warmup_turns) - baseline, 1
+            )
             # Saved KV prefixes (the engine's bounded store, for sessions) are memory by design: the
             # bound applies to everything else.
             store = after["engine"].get("kv_store", {})
@@ -259,12 +279,16 @@ class Soak:
             if store.get("bytes", 0) > store.get("max_bytes", 0):
                 fail(f"the KV prefix store holds {store['bytes']} bytes, over its {store['max_bytes']}")
             if report.rss_growth_mb - report.kv_store_mb > self.config.rss_growth_bound_mb:
-                fail(f"resident memory grew by {report.rss_growth_mb} MB after warm-up, {report.kv_store_mb} MB "
-                     f"of it saved KV prefixes (bound {self.config.rss_growth_bound_mb} MB for the rest)")  # fmt: skip
+                fail(
+                    f"resident memory grew by {report.rss_growth_mb} MB after warm-up, {report.kv_store_mb} MB "
+                    f"of it saved KV prefixes (bound {self.config.rss_growth_bound_mb} MB for the rest)"
+                )
         if self.ttfts:
             ordered = sorted(self.ttfts)
-            report.ttft_ms = {"p50": round(statistics.median(ordered), 1),
-                              "p95": round(ordered[int(0.95 * (len(ordered) - 1))], 1)}  # fmt: skip
+            report.ttft_ms = {
+                "p50": round(statistics.median(ordered), 1),
+                "p95": round(ordered[int(0.95 * (len(ordered) - 1))], 1),
+            }
         if self.prompt_tokens:
             report.cached_fraction = round(self.cached_tokens / self.prompt_tokens, 3)
 
@@ -285,10 +309,18 @@ def _numbers(stats: dict) -> dict:
 def add_arguments(parser) -> None:
     defaults = SoakConfig()
     parser.add_argument("--turns", type=int, default=defaults.turns, help=f"agent turns (default: {defaults.turns})")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens,
-                        help=f"output tokens per agent turn (default: {defaults.max_tokens})")  # fmt: skip
-    parser.add_argument("--rss-bound-mb", type=float, default=defaults.rss_growth_bound_mb,
-                        help="fail if resident memory grows more than this after warm-up (default: %(default)s)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=defaults.max_tokens,
+        help=f"output tokens per agent turn (default: {defaults.max_tokens})",
+    )
+    parser.add_argument(
+        "--rss-bound-mb",
+        type=float,
+        default=defaults.rss_growth_bound_mb,
+        help="fail if resident memory grows more than this after warm-up (default: %(default)s)",
+    )
     parser.add_argument("--model", help="model for the daemon the soak starts (default: the default model)")
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="(default: cpu)")
     parser.add_argument("--url", help="soak a daemon already running at URL instead of starting one")
@@ -312,8 +344,13 @@ def run(args) -> int:
         stopped = None
     else:
         report, stopped = _with_own_daemon(args, config, say)
-    result = {**asdict(report), "ok": report.ok and stopped in (None, True), "daemon_stopped_cleanly": stopped,
-              "command": "lingcode " + " ".join(sys.argv[1:]), "commit": source_commit()}  # fmt: skip
+    result = {
+        **asdict(report),
+        "ok": report.ok and stopped in (None, True),
+        "daemon_stopped_cleanly": stopped,
+        "command": "lingcode " + " ".join(sys.argv[1:]),
+        "commit": source_commit(),
+    }
     print(summary(result))
     if args.out:
         out = Path(args.out)
@@ -332,8 +369,20 @@ def _with_own_daemon(args, config: SoakConfig, say) -> tuple[SoakReport, bool]:
     with tempfile.TemporaryDirectory(prefix="lingcode-soak-") as home:
         share_kernels(Path(home))
         env = {**os.environ, "LINGCODE_HOME": home}
-        command = [sys.executable, "-m", "lingcode", "serve", "--model", str(model_path), "--port", "0",
-                   "--device", args.device, "--log-level", "warning"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "lingcode",
+            "serve",
+            "--model",
+            str(model_path),
+            "--port",
+            "0",
+            "--device",
+            args.device,
+            "--log-level",
+            "warning",
+        ]
         log_path = Path(home) / "daemon.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -367,13 +416,14 @@ def summary(result: dict) -> str:
         f"counts: {result['counts']}",
         f"- resident memory: {rss[0][1]:.0f} MB at turn {rss[0][0]}, {rss[-1][1]:.0f} MB at turn {rss[-1][0]}; "
         f"growth after warm-up {result['rss_growth_mb']} MB (bound {result['config']['rss_growth_bound_mb']} MB)"
-        if rss else "- resident memory: not sampled",
+        if rss
+        else "- resident memory: not sampled",
         f"- agent-turn TTFT ms: {result['ttft_ms']}; prompt tokens served from the KV cache: {result['cached_fraction']}",
         f"- engine counters, before -> after: {_delta(result['engine_before'], result['engine_after'])}",
         f"- scheduler counters, before -> after: {_delta(result['scheduler_before'], result['scheduler_after'])}",
         f"- daemon stopped cleanly (SIGTERM, exit 0, daemon.json removed): {result['daemon_stopped_cleanly']}",
         f"- failures: {result['failures'] or 'none'}",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 

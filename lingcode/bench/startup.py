@@ -36,10 +36,22 @@ def first_output(argv: list[str], env: dict) -> tuple[float, float]:
 def lsp_initialize(env: dict) -> tuple[float, float]:
     """(ms from start to the answer to `initialize`, ms to exit after shutdown/exit) of `lingcode lsp`."""
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "lingcode", "lsp", "--no-start"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)  # fmt: skip
-    send(proc, {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                "params": {"processId": None, "rootUri": None, "capabilities": {}}})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lingcode", "lsp", "--no-start"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    send(
+        proc,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {"processId": None, "rootUri": None, "capabilities": {}},
+        },
+    )
     answer = receive(proc)
     initialized = time.perf_counter()
     if answer.get("id") != 1 or "result" not in answer:
@@ -78,13 +90,27 @@ def main(args) -> int:
         for command in COMMANDS:
             times[" ".join(command)].append(first_output([sys.executable, "-m", "lingcode", *command], env))
         times["lsp: initialize"].append(lsp_initialize(env))
-    rows = [{"command": name, "first_output_ms": round(statistics.median(t[0] for t in runs), 1),
-             "exit_ms": round(statistics.median(t[1] for t in runs), 1),
-             "first_output_runs_ms": [round(t[0], 1) for t in runs]} for name, runs in times.items()]  # fmt: skip
-    result = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": source_commit(),
-              "command": "lingcode bench startup " + " ".join(sys.argv[3:]), "runs": args.runs,
-              "cpus": usable_cpus(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-              "python": sys.version.split()[0], "goal_ms": GOAL_MS, "rows": rows}  # fmt: skip
+    rows = [
+        {
+            "command": name,
+            "first_output_ms": round(statistics.median(t[0] for t in runs), 1),
+            "exit_ms": round(statistics.median(t[1] for t in runs), 1),
+            "first_output_runs_ms": [round(t[0], 1) for t in runs],
+        }
+        for name, runs in times.items()
+    ]
+    result = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": source_commit(),
+        "command": "lingcode bench startup " + " ".join(sys.argv[3:]),
+        "runs": args.runs,
+        "cpus": usable_cpus(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "python": sys.version.split()[0],
+        "goal_ms": GOAL_MS,
+        "rows": rows,
+    }
     table = render(result)
     print(table)
     write_result(args.out, result, table)
@@ -92,11 +118,16 @@ def main(args) -> int:
 
 
 def render(result: dict) -> str:
-    lines = [f"# lingcode bench startup ({result['date']}, commit {result['commit']})", "",
-             f"`{result['command']}`: {result['runs']} runs per command, in turns; {result['cpus']} CPUs; "
-             f"load average {result['loadavg_before'][0]:.2f} before, {result['loadavg_after'][0]:.2f} after; "
-             f"Python {result['python']}. Medians; goal: first output within {result['goal_ms']:.0f} ms.", "",
-             "| command | first output ms | exit ms | runs (first output ms) |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# lingcode bench startup ({result['date']}, commit {result['commit']})",
+        "",
+        f"`{result['command']}`: {result['runs']} runs per command, in turns; {result['cpus']} CPUs; "
+        f"load average {result['loadavg_before'][0]:.2f} before, {result['loadavg_after'][0]:.2f} after; "
+        f"Python {result['python']}. Medians; goal: first output within {result['goal_ms']:.0f} ms.",
+        "",
+        "| command | first output ms | exit ms | runs (first output ms) |",
+        "|---|---|---|---|",
+    ]
     for row in result["rows"]:
         runs = ", ".join(f"{t:.0f}" for t in row["first_output_runs_ms"])
         lines.append(f"| `lingcode {row['command']}` | {row['first_output_ms']:.0f} | {row['exit_ms']:.0f} | {runs} |")

@@ -50,8 +50,10 @@ class Clock:
         return {
             "ttft_ms": round((self.first - self.start) * 1e3, 3) if self.first else None,
             "tpot_ms": round((self.last - self.first) * 1e3 / (n - 1), 4) if n > 1 else None,
-            "tokens": n, "token_ids": self.token_ids, "accept_length": accept_length,
-        }  # fmt: skip
+            "tokens": n,
+            "token_ids": self.token_ids,
+            "accept_length": accept_length,
+        }
 
 
 # --- engines --------------------------------------------------------------------------------------
@@ -73,12 +75,20 @@ class LingcodeRunner:
         else:
             from lingcode.engine.sglang.engine import open_engine
 
-            self.engine = open_engine(args.model, engine_url=args.engine_url, profile=args.profile,
-                                      say=lambda line: print(line, file=sys.stderr))  # fmt: skip
+            self.engine = open_engine(
+                args.model,
+                engine_url=args.engine_url,
+                profile=args.profile,
+                say=lambda line: print(line, file=sys.stderr),
+            )
         extra = self.engine.info.extra
-        self.ready = {"load_s": round(time.perf_counter() - started, 2), "name": self.engine.info.name,
-                      "versions": {"torch": torch.__version__}, "engine": extra,
-                      "eos_token_ids": list(self.engine.info.eos_token_ids)}  # fmt: skip
+        self.ready = {
+            "load_s": round(time.perf_counter() - started, 2),
+            "name": self.engine.info.name,
+            "versions": {"torch": torch.__version__},
+            "engine": extra,
+            "eos_token_ids": list(self.engine.info.eos_token_ids),
+        }
         runner = getattr(self.engine.step, "runner", None)  # captured CUDA graphs (steps.GraphStep)
         if runner is not None:
             self.ready["cuda_graph_capture_s"] = round(runner.capture_s, 2)
@@ -87,10 +97,16 @@ class LingcodeRunner:
         from lingcode.bench.decode import workload_requests
 
         info = self.engine.info
-        return [{"workload": name, "input_ids": r.input_ids, "max_tokens": r.max_tokens,
-                 "stop_ids": [] if r.ignore_eos else list(info.eos_token_ids)}
-                for name in spec["workloads"]
-                for r in workload_requests(name, info.tokenizer, info.chat_template, spec["requests"], spec["max_tokens"])]  # fmt: skip
+        return [
+            {
+                "workload": name,
+                "input_ids": r.input_ids,
+                "max_tokens": r.max_tokens,
+                "stop_ids": [] if r.ignore_eos else list(info.eos_token_ids),
+            }
+            for name in spec["workloads"]
+            for r in workload_requests(name, info.tokenizer, info.chat_template, spec["requests"], spec["max_tokens"])
+        ]
 
     def run(self, request: dict) -> dict:
         import asyncio
@@ -103,8 +119,9 @@ class LingcodeRunner:
             self.engine.reset_cache()
         stop_ids = request["stop_ids"]
         # The model's eos ids end a generation unless ignore_eos; the request's own list says which.
-        params = SamplingParams(max_tokens=request["max_tokens"], temperature=0.0, ignore_eos=not stop_ids,
-                                stop_token_ids=tuple(stop_ids))  # fmt: skip
+        params = SamplingParams(
+            max_tokens=request["max_tokens"], temperature=0.0, ignore_eos=not stop_ids, stop_token_ids=tuple(stop_ids)
+        )
 
         async def go() -> Clock:
             clock = Clock()
@@ -132,17 +149,33 @@ class TransformersRunner:
         checkpoint = load_checkpoint(args.model)
         cfg = checkpoint.config
         config = LlamaConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
-            num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-            max_position_embeddings=cfg.context_length, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.dim,
+            intermediate_size=cfg.ffn_dim,
+            num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.n_heads,
+            num_key_value_heads=cfg.n_kv_heads,
+            max_position_embeddings=cfg.context_length,
+            rope_theta=cfg.rope_theta,
+            rms_norm_eps=cfg.norm_eps,
             tie_word_embeddings=cfg.tied_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},  # transformers >= 5
-        )  # fmt: skip
-        names = {"attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
-                 "wv": "self_attn.v_proj", "wo": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-                 "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}  # fmt: skip
-        state = {"model.embed_tokens.weight": checkpoint.weights["tok_embeddings"],
-                 "model.norm.weight": checkpoint.weights["norm"]}  # fmt: skip
+        )
+        names = {
+            "attn_norm": "input_layernorm",
+            "wq": "self_attn.q_proj",
+            "wk": "self_attn.k_proj",
+            "wv": "self_attn.v_proj",
+            "wo": "self_attn.o_proj",
+            "ffn_norm": "post_attention_layernorm",
+            "w_gate": "mlp.gate_proj",
+            "w_up": "mlp.up_proj",
+            "w_down": "mlp.down_proj",
+        }
+        state = {
+            "model.embed_tokens.weight": checkpoint.weights["tok_embeddings"],
+            "model.norm.weight": checkpoint.weights["norm"],
+        }
         if "output" in checkpoint.weights:
             state["lm_head.weight"] = checkpoint.weights["output"]
         for key, tensor in checkpoint.weights.items():
@@ -155,9 +188,12 @@ class TransformersRunner:
         model.tie_weights()
         self.model = model.to(device=self.device, dtype=getattr(torch, args.dtype)).eval()
         self.cache = args.kind.split("-")[1]
-        self.ready = {"load_s": round(time.perf_counter() - started, 2), "name": checkpoint.name,
-                      "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-                      "engine": {"device": args.device, "dtype": args.dtype, "cache": self.cache}}  # fmt: skip
+        self.ready = {
+            "load_s": round(time.perf_counter() - started, 2),
+            "name": checkpoint.name,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+            "engine": {"device": args.device, "dtype": args.dtype, "cache": self.cache},
+        }
 
     def _generate(self, ids, request: dict, clock: Clock | None) -> None:
         from transformers.generation.streamers import BaseStreamer
@@ -197,14 +233,28 @@ class LlamaCppRunner:
         import llama_cpp
 
         started = time.perf_counter()
-        self.llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.context, n_batch=512, n_threads=args.threads,
-                                   n_threads_batch=args.threads, flash_attn=args.flash_attn,
-                                   logits_all=args.logits_all, verbose=False)  # fmt: skip
-        self.ready = {"load_s": round(time.perf_counter() - started, 2), "name": os.path.basename(args.model),
-                      "versions": {"llama_cpp_python": llama_cpp.__version__},
-                      "engine": {"system_info": llama_cpp.llama_print_system_info().decode().strip(),
-                                 "python": sys.executable, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
-                                 "n_ctx": args.context, "flash_attn": args.flash_attn}}  # fmt: skip
+        self.llm = llama_cpp.Llama(
+            model_path=args.model,
+            n_ctx=args.context,
+            n_batch=512,
+            n_threads=args.threads,
+            n_threads_batch=args.threads,
+            flash_attn=args.flash_attn,
+            logits_all=args.logits_all,
+            verbose=False,
+        )
+        self.ready = {
+            "load_s": round(time.perf_counter() - started, 2),
+            "name": os.path.basename(args.model),
+            "versions": {"llama_cpp_python": llama_cpp.__version__},
+            "engine": {
+                "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+                "python": sys.executable,
+                "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+                "n_ctx": args.context,
+                "flash_attn": args.flash_attn,
+            },
+        }
 
     def logits(self, request: dict) -> dict:
         """The logits of every position of input_ids (teacher-forced), saved as .npy at `path`."""
@@ -280,8 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    runner = {"lingcode": LingcodeRunner, "transformers-eager": TransformersRunner,
-              "transformers-static": TransformersRunner, "llama.cpp": LlamaCppRunner}[args.kind](args)  # fmt: skip
+    runner = {
+        "lingcode": LingcodeRunner,
+        "transformers-eager": TransformersRunner,
+        "transformers-static": TransformersRunner,
+        "llama.cpp": LlamaCppRunner,
+    }[args.kind](args)
     runner.ready["threads"] = args.threads if args.kind == "llama.cpp" else torch.get_num_threads()
     serve(runner, replies)
     return 0

@@ -97,8 +97,9 @@ def completion_family(info: ModelInfo) -> Family:
 # --- the prompt -------------------------------------------------------------------------------
 
 
-def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = Budgets(),
-                 family: Family | None = None) -> CompletionPrompt:  # fmt: skip
+def build_prompt(
+    info: ModelInfo, request: CompletionInput, budgets: Budgets = Budgets(), family: Family | None = None
+) -> CompletionPrompt:
     """The prompt at the cursor; `family`: completion_family(info), if the caller keeps it."""
     family = family or completion_family(info)
     tok = info.tokenizer
@@ -133,10 +134,15 @@ def build_prompt(info: ModelInfo, request: CompletionInput, budgets: Budgets = B
     else:
         ids += prefix_ids
     return CompletionPrompt(
-        input_ids=ids, family=family.name, fim=bool(family.fim), prefix_tokens=len(prefix_ids),
-        suffix_tokens=len(suffix_ids), context_tokens=len(context), context_chunks=used,
+        input_ids=ids,
+        family=family.name,
+        fim=bool(family.fim),
+        prefix_tokens=len(prefix_ids),
+        suffix_tokens=len(suffix_ids),
+        context_tokens=len(context),
+        context_chunks=used,
         prefix_start_line=start_line,
-    )  # fmt: skip
+    )
 
 
 def split_trailing_whitespace(prefix: str, suffix: str) -> tuple[str, str]:

@@ -96,8 +96,13 @@ def merge_chunks(chunks: list[TokenChunk]) -> TokenChunk:
     if len(chunks) == 1:
         return chunks[0]
     last = chunks[-1]
-    return TokenChunk([t for c in chunks for t in c.token_ids], last.finish_reason, last.prompt_tokens,
-                      last.cached_tokens, last.spec_accept_length)  # fmt: skip
+    return TokenChunk(
+        [t for c in chunks for t in c.token_ids],
+        last.finish_reason,
+        last.prompt_tokens,
+        last.cached_tokens,
+        last.spec_accept_length,
+    )
 
 
 def common_prefix(a, b) -> int:
@@ -154,8 +159,9 @@ class ChunkChannel:
     (release()), or FIRST_HAND_OVER_S has passed. A first chunk that ends the stream is not waited on.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float = STREAM_INTERVAL_S,
-                 hand_over_first: bool = False):  # fmt: skip
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, interval_s: float = STREAM_INTERVAL_S, hand_over_first: bool = False
+    ):
         self._loop = loop
         self._interval_s = interval_s
         self._hand_over_first = hand_over_first
@@ -247,9 +253,7 @@ class Engine(Protocol):
     info: ModelInfo
     head_before_submit: bool
 
-    def generate(
-        self, request_id: str, input_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[TokenChunk]: ...
+    def generate(self, request_id: str, input_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenChunk]: ...
 
     async def abort(self, request_id: str) -> None: ...
 

@@ -239,10 +239,23 @@ async def generate_text(
         end = clock()
         ttft = None if first_token_at is None else (first_token_at - start) * 1e3
         tpot = (end - first_token_at) * 1e3 / (n_tokens - 1) if first_token_at and n_tokens > 1 else None
-        timing = Timing(ttft_ms=ttft, tpot_ms=tpot, total_ms=(end - start) * 1e3, completion_tokens=n_tokens,
-                        accept_length=accept_length)  # fmt: skip
-        last = TextChunk(text, last_ids, finish or "abort", Usage(len(input_ids), n_tokens, cached), timing,
-                         output_ids, stops.hit, cached)  # fmt: skip
+        timing = Timing(
+            ttft_ms=ttft,
+            tpot_ms=tpot,
+            total_ms=(end - start) * 1e3,
+            completion_tokens=n_tokens,
+            accept_length=accept_length,
+        )
+        last = TextChunk(
+            text,
+            last_ids,
+            finish or "abort",
+            Usage(len(input_ids), n_tokens, cached),
+            timing,
+            output_ids,
+            stops.hit,
+            cached,
+        )
         ended = True
         metrics.record_end(label, request_id, last)
         return last
@@ -280,8 +293,12 @@ async def generate_text(
                 finish = "stop" if hit else chunk.finish_reason
                 if finish is None and stop_loops and looping(output_ids):
                     finish = "loop"
-                    metrics.log.info("generation %s stopped: its last tokens repeat (after %d tokens)", request_id, n_tokens,
-                                     extra={"generation_id": request_id, "stop_reason": "loop"})  # fmt: skip
+                    metrics.log.info(
+                        "generation %s stopped: its last tokens repeat (after %d tokens)",
+                        request_id,
+                        n_tokens,
+                        extra={"generation_id": request_id, "stop_reason": "loop"},
+                    )
                     text += stops.flush() + (cut.flush() if cut is not None else "")
                 trace.add("stops", clock() - detokenized)
                 if finish is not None and chunk.finish_reason is None:

@@ -73,29 +73,44 @@ log = logging.getLogger("lingcode.generation")  # a log channel clients read: it
 # Metrics are created unregistered: each app's registry (registry_for) registers them, so that
 # several apps in one process (tests) share the counts without clashing in a global registry.
 TTFT = Histogram(
-    "lingcode_time_to_first_token_seconds", "Time from submission (queueing included) to the first token.",
-    ["route"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=None,
-)  # fmt: skip
+    "lingcode_time_to_first_token_seconds",
+    "Time from submission (queueing included) to the first token.",
+    ["route"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=None,
+)
 TPOT = Histogram(
-    "lingcode_time_per_output_token_seconds", "Mean time per output token after the first, per request.",
-    ["route"], buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.1, 0.2, 0.5, 1), registry=None,
-)  # fmt: skip
+    "lingcode_time_per_output_token_seconds",
+    "Mean time per output token after the first, per request.",
+    ["route"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.035, 0.05, 0.1, 0.2, 0.5, 1),
+    registry=None,
+)
 ACCEPTED = Histogram(
-    "lingcode_accepted_tokens_per_step", "Speculative decoding: mean tokens accepted per verify step, per request.",
-    ["route"], buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16), registry=None,
-)  # fmt: skip
+    "lingcode_accepted_tokens_per_step",
+    "Speculative decoding: mean tokens accepted per verify step, per request.",
+    ["route"],
+    buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16),
+    registry=None,
+)
 GENERATIONS = Counter(
-    "lingcode_generations", "Generations that ended, by finish reason (stop, length, abort).",
-    ["route", "finish_reason"], registry=None,
-)  # fmt: skip
+    "lingcode_generations",
+    "Generations that ended, by finish reason (stop, length, abort).",
+    ["route", "finish_reason"],
+    registry=None,
+)
 ABORTS = Counter(
-    "lingcode_aborts", "Generations aborted: the client left, or the request was cancelled or superseded.",
-    ["route"], registry=None,
-)  # fmt: skip
+    "lingcode_aborts",
+    "Generations aborted: the client left, or the request was cancelled or superseded.",
+    ["route"],
+    registry=None,
+)
 ERRORS = Counter(
-    "lingcode_generation_errors", "Generations that failed (queue full, engine error, engine unavailable), "
-    "also after a stream had started.", ["route", "error"], registry=None,
-)  # fmt: skip
+    "lingcode_generation_errors",
+    "Generations that failed (queue full, engine error, engine unavailable), also after a stream had started.",
+    ["route", "error"],
+    registry=None,
+)
 GENERATED_TOKENS = Counter("lingcode_generated_tokens", "Output tokens.", ["route"], registry=None)
 PROMPT_TOKENS = Counter("lingcode_prompt_tokens", "Prompt tokens, cached ones included.", ["route"], registry=None)
 
@@ -105,14 +120,22 @@ GENERATION_METRICS = (TTFT, TPOT, ACCEPTED, GENERATIONS, ABORTS, ERRORS, GENERAT
 def record_abort(label: str, generation_id: str) -> None:
     ABORTS.labels(label).inc()
     GENERATIONS.labels(label, "abort").inc()
-    log.info("generation %s aborted: the client stopped reading", generation_id,
-             extra={"generation_id": generation_id, "finish_reason": "abort"})  # fmt: skip
+    log.info(
+        "generation %s aborted: the client stopped reading",
+        generation_id,
+        extra={"generation_id": generation_id, "finish_reason": "abort"},
+    )
 
 
 def record_error(label: str, generation_id: str, exc: Exception) -> None:
     ERRORS.labels(label, type(exc).__name__).inc()
-    log.info("generation %s failed: %s: %s", generation_id, type(exc).__name__, exc,
-             extra={"generation_id": generation_id, "error": type(exc).__name__})  # fmt: skip
+    log.info(
+        "generation %s failed: %s: %s",
+        generation_id,
+        type(exc).__name__,
+        exc,
+        extra={"generation_id": generation_id, "error": type(exc).__name__},
+    )
 
 
 def record_end(label: str, generation_id: str, chunk: "TextChunk") -> None:
@@ -132,8 +155,11 @@ def record_end(label: str, generation_id: str, chunk: "TextChunk") -> None:
         PROMPT_TOKENS.labels(label).inc(usage.prompt_tokens)
     fields = {"generation_id": generation_id, "finish_reason": chunk.finish_reason}
     if usage is not None:
-        fields.update(prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-                      completion_tokens=usage.completion_tokens)  # fmt: skip
+        fields.update(
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+        )
     if timing is not None:
         fields.update(ttft_ms=_round(timing.ttft_ms), tpot_ms=_round(timing.tpot_ms))
     log.info("generation %s finished: %s", generation_id, chunk.finish_reason, extra=fields)
@@ -152,18 +178,22 @@ class StatsCollector:
     def collect(self) -> Iterator[Metric]:
         stats = self.scheduler.stats()
         yield GaugeMetricFamily("lingcode_queue_depth", "Requests waiting for the engine.", value=len(stats["queued"]))
-        yield GaugeMetricFamily("lingcode_queue_limit", "Requests that may wait before new ones get a 429.",
-                                value=stats["max_queue"])  # fmt: skip
-        yield GaugeMetricFamily("lingcode_engine_busy", "1 while a request holds the engine.",
-                                value=int(stats["running"] is not None))  # fmt: skip
-        outcomes = CounterMetricFamily("lingcode_scheduler_requests", "Scheduler counters (GET /v1/lingcode/stats).",
-                                       labels=["outcome"])  # fmt: skip
+        yield GaugeMetricFamily(
+            "lingcode_queue_limit", "Requests that may wait before new ones get a 429.", value=stats["max_queue"]
+        )
+        yield GaugeMetricFamily(
+            "lingcode_engine_busy", "1 while a request holds the engine.", value=int(stats["running"] is not None)
+        )
+        outcomes = CounterMetricFamily(
+            "lingcode_scheduler_requests", "Scheduler counters (GET /v1/lingcode/stats).", labels=["outcome"]
+        )
         for key, value in stats.items():
             if _is_number(value) and key != "max_queue":
                 outcomes.add_metric([key], value)
         yield outcomes
-        engine = GaugeMetricFamily("lingcode_engine_stat", "The engine's own numbers (GET /v1/lingcode/stats).",
-                                   labels=["stat"])  # fmt: skip
+        engine = GaugeMetricFamily(
+            "lingcode_engine_stat", "The engine's own numbers (GET /v1/lingcode/stats).", labels=["stat"]
+        )
         for key, value in self.scheduler.engine.stats().items():
             if _is_number(value):
                 engine.add_metric([key], value)

@@ -60,9 +60,18 @@ class Scheduler:
         self._preempting: set[str] = set()  # running requests told to yield the slot
         self._latest: dict[str, str] = {}  # latest_wins key -> the request that holds it
         self._counters = dict.fromkeys(
-            ("submitted", "completed", "aborted", "dropped_while_queued", "rejected", "preempted", "resumed",
-             "superseded"), 0,
-        )  # fmt: skip
+            (
+                "submitted",
+                "completed",
+                "aborted",
+                "dropped_while_queued",
+                "rejected",
+                "preempted",
+                "resumed",
+                "superseded",
+            ),
+            0,
+        )
         self._closing: str | None = None  # set by shut_down(): why requests are refused
 
     def refusal(self) -> Exception | None:

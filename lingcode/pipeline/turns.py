@@ -118,8 +118,9 @@ def starts_in_reasoning(family: Family, prompt: str) -> bool:
 # --- constrained decoding ---------------------------------------------------------------------
 
 
-def build_constraint(info: ModelInfo, spec: TurnSpec, json_format: tuple[str, dict | None] | None,
-                     cancel: threading.Event | None = None) -> TokenConstraint | None:  # fmt: skip
+def build_constraint(
+    info: ModelInfo, spec: TurnSpec, json_format: tuple[str, dict | None] | None, cancel: threading.Event | None = None
+) -> TokenConstraint | None:
     """The grammar a turn needs: a forced tool call, else a JSON response format, else none.
 
     json_format: None, ("json", None) for any JSON object, ("json_schema", schema). Compiling can
@@ -157,9 +158,19 @@ async def run_turn(scheduler: Scheduler, info: ModelInfo, turn: Turn) -> AsyncIt
         return events + parser.feed(answer)
 
     end = EndRequest()
-    text = generate_text(scheduler, info.tokenizer, turn.request_id, turn.input_ids, turn.params, turn.stop,
-                         cut=turn.cut, priority=turn.priority, latest_wins=turn.latest_wins,
-                         stop_loops=turn.stop_loops, end=end)  # fmt: skip
+    text = generate_text(
+        scheduler,
+        info.tokenizer,
+        turn.request_id,
+        turn.input_ids,
+        turn.params,
+        turn.stop,
+        cut=turn.cut,
+        priority=turn.priority,
+        latest_wins=turn.latest_wins,
+        stop_loops=turn.stop_loops,
+        end=end,
+    )
     started = False
     trace = metrics.trace.get() or metrics.Trace()
     async with aclosing(text) as chunks:
@@ -200,8 +211,18 @@ async def run_turn(scheduler: Scheduler, info: ModelInfo, turn: Turn) -> AsyncIt
                 answer = ""  # only the separators around the calls
             if splitter and splitter.answer_is_reasoning:  # the whole reply's view (see agent/reasoning.py)
                 answer, reasoning = splitter.reasoning, ""
-            events.append(TurnEnd(finish_reason, answer, reasoning, calls, chunk.usage, chunk.timing,
-                                  chunk.output_ids or [], chunk.stop_string))  # fmt: skip
+            events.append(
+                TurnEnd(
+                    finish_reason,
+                    answer,
+                    reasoning,
+                    calls,
+                    chunk.usage,
+                    chunk.timing,
+                    chunk.output_ids or [],
+                    chunk.stop_string,
+                )
+            )
             yield events
             return
 

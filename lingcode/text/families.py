@@ -57,17 +57,25 @@ def families() -> tuple[Family, ...]:
     for name, entry in data.items():
         reasoning = entry.get("reasoning")
         completion = entry.get("completion", {})
-        out.append(Family(
-            name=name,
-            match=tuple(entry.get("match", ())),
-            tool_parser=entry.get("tool_parser", "hermes"),
-            reasoning=Reasoning(reasoning["start"], reasoning["end"], tuple(reasoning.get("also_ends_at", ())),
-                                reasoning.get("nonempty_content", False)) if reasoning else None,
-            fim=dict(entry["fim"]) if entry.get("fim") else None,
-            repo_header=completion.get("repo"),
-            file_header=completion.get("file"),
-            defaults=Defaults(**entry.get("defaults", {})),
-        ))  # fmt: skip
+        out.append(
+            Family(
+                name=name,
+                match=tuple(entry.get("match", ())),
+                tool_parser=entry.get("tool_parser", "hermes"),
+                reasoning=Reasoning(
+                    reasoning["start"],
+                    reasoning["end"],
+                    tuple(reasoning.get("also_ends_at", ())),
+                    reasoning.get("nonempty_content", False),
+                )
+                if reasoning
+                else None,
+                fim=dict(entry["fim"]) if entry.get("fim") else None,
+                repo_header=completion.get("repo"),
+                file_header=completion.get("file"),
+                defaults=Defaults(**entry.get("defaults", {})),
+            )
+        )
     return tuple(out)
 
 

@@ -131,7 +131,9 @@ class Tokenizer:
             # copy of the vocabulary (~80 MB of a daemon's memory for Qwen's 151,936 tokens).
             hf.encode_special_tokens = True
             self._plain = hf
-        self._last: tuple[str, list[int], list[tuple[int, int]]] | None = None  # text, ids, (char end, ids) per added token
+        self._last: tuple[str, list[int], list[tuple[int, int]]] | None = (
+            None  # text, ids, (char end, ids) per added token
+        )
         # The texts mark_specials() marks: every special token's (leftmost, then longest), and MARK itself.
         specials = sorted((t.content for t in added.values() if t.special), key=len, reverse=True)
         self._special_texts = [*specials, MARK]

@@ -33,7 +33,13 @@ from lingcode.server.openapi import request_body
 from lingcode.server.serving import Opening, Prepared, Sampling, Serving, Shape, named_sse, stop_fields
 from lingcode.server.validation import parse
 
-_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "loop": "end_turn", "tool_calls": "tool_use", "abort": "end_turn"}
+_STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "loop": "end_turn",
+    "tool_calls": "tool_use",
+    "abort": "end_turn",
+}
 
 
 class MessagesServing(Serving):
@@ -42,8 +48,12 @@ class MessagesServing(Serving):
 
     def install(self, app: FastAPI) -> None:
         super().install(app)
-        app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"],
-                          openapi_extra=request_body(CountTokensRequest))  # fmt: skip
+        app.add_api_route(
+            "/v1/messages/count_tokens",
+            self.count_tokens,
+            methods=["POST"],
+            openapi_extra=request_body(CountTokensRequest),
+        )
 
     async def _prompt(self, body: CountTokensRequest, opens: Opening | None = None) -> tuple[list[int], str]:
         try:
@@ -60,8 +70,9 @@ class MessagesServing(Serving):
     async def prepare(self, body: MessagesRequest, request: Request) -> Prepared:
         sampling, grammar = Sampling(body.max_tokens, body.temperature, body.top_p, body.top_k), body.json_format()
         shape = MessageShape(f"msg_{uuid.uuid4().hex[:24]}", body.model)
-        input_ids, prompt = await self._prompt(body, self.opening(body.stream, shape, sampling, body.tool_list(),
-                                                                  body.choice(), grammar))  # fmt: skip
+        input_ids, prompt = await self._prompt(
+            body, self.opening(body.stream, shape, sampling, body.tool_list(), body.choice(), grammar)
+        )
         shape.prompt_tokens = len(input_ids)
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "messages")
         spec = self.turn_spec(body.tool_list(), body.choice(), body.parallel(), prompt)
@@ -70,8 +81,12 @@ class MessagesServing(Serving):
 
 
 def _usage(usage: Usage) -> dict:
-    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
-            "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0}  # fmt: skip
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def _input(arguments: str) -> dict:
@@ -103,19 +118,34 @@ class MessageShape(Shape):
         if end.content:
             content.append({"type": "text", "text": end.content})
         for call in end.tool_calls:
-            content.append({"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name, "input": _input(call.arguments)})
-        return {**self._head(), "content": content, "stop_reason": self._stop_reason(end),
-                "stop_sequence": end.stop_string, "usage": _usage(end.usage),
-                "timings": end.timing.as_dict() if end.timing else {}, **stop_fields(end)}  # fmt: skip
+            content.append(
+                {"type": "tool_use", "id": _tool_use_id(call.id), "name": call.name, "input": _input(call.arguments)}
+            )
+        return {
+            **self._head(),
+            "content": content,
+            "stop_reason": self._stop_reason(end),
+            "stop_sequence": end.stop_string,
+            "usage": _usage(end.usage),
+            "timings": end.timing.as_dict() if end.timing else {},
+            **stop_fields(end),
+        }
 
     def _stop_reason(self, end: TurnEnd) -> str:
         return "stop_sequence" if end.stop_string else _STOP_REASONS[end.finish_reason]
 
     def opening(self, start: TurnStart | None = None) -> str:
         prompt, cached = (start.prompt_tokens, start.cached_tokens) if start is not None else (self.prompt_tokens, 0)
-        message = {**self._head(), "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": _usage(Usage(prompt, 0, cached))}  # fmt: skip
-        return named_sse("message_start", {"type": "message_start", "message": message}) + named_sse("ping", {"type": "ping"})
+        message = {
+            **self._head(),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(Usage(prompt, 0, cached)),
+        }
+        return named_sse("message_start", {"type": "message_start", "message": message}) + named_sse(
+            "ping", {"type": "ping"}
+        )
 
     def frames(self, events: list[TurnEvent]) -> str:
         out: list[str] = []
@@ -129,14 +159,19 @@ class MessageShape(Shape):
                     out += self._open("text", {"type": "text", "text": ""})
                 out.append(self._delta({"type": "text_delta", "text": event.text}))
             elif isinstance(event, CallStart):
-                out += self._open("tool_use", {"type": "tool_use", "id": _tool_use_id(event.id), "name": event.name, "input": {}})
+                out += self._open(
+                    "tool_use", {"type": "tool_use", "id": _tool_use_id(event.id), "name": event.name, "input": {}}
+                )
             elif isinstance(event, CallArgs):
                 out.append(self._delta({"type": "input_json_delta", "partial_json": event.fragment}))
             elif isinstance(event, TurnEnd):
                 out += self._close()
-                message_delta = {"type": "message_delta",
-                                 "delta": {"stop_reason": self._stop_reason(event), "stop_sequence": event.stop_string},
-                                 "usage": _usage(event.usage), **stop_fields(event)}  # fmt: skip
+                message_delta = {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": self._stop_reason(event), "stop_sequence": event.stop_string},
+                    "usage": _usage(event.usage),
+                    **stop_fields(event),
+                }
                 out.append(named_sse("message_delta", message_delta))
                 out.append(named_sse("message_stop", {"type": "message_stop"}))
         return "".join(out)
@@ -147,7 +182,11 @@ class MessageShape(Shape):
     def _open(self, kind: str, block: dict) -> list[str]:
         out = self._close()
         self.index, self.open_kind = self.index + 1, kind
-        out.append(named_sse("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}))
+        out.append(
+            named_sse(
+                "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
+            )
+        )
         return out
 
     def _close(self) -> list[str]:

@@ -132,7 +132,9 @@ class CountTokensRequest(StrictModel):
     @field_validator("tools", mode="before")
     @classmethod
     def _custom_tools_only(cls, tools):
-        if not isinstance(tools, list):  # the type check that follows says what is wrong (fuzzing: tools=true was a 500)
+        if not isinstance(
+            tools, list
+        ):  # the type check that follows says what is wrong (fuzzing: tools=true was a 500)
             return tools
         for tool in tools:
             kind = tool.get("type") if isinstance(tool, dict) else None
@@ -147,7 +149,9 @@ class CountTokensRequest(StrictModel):
             system = self.system if isinstance(self.system, str) else "\n".join(b.text for b in self.system)
             out.append({"role": "system", "content": system})
         for message in self.messages:
-            blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+            blocks = (
+                [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+            )
             if message.role == "system":
                 out.append({"role": "system", "content": "\n".join(b.text for b in blocks if isinstance(b, TextBlock))})
             else:
@@ -204,8 +208,13 @@ def _user(blocks: list) -> list[dict]:
     for block in blocks:
         if isinstance(block, ToolResultBlock):
             content = block.text()
-            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                        "content": f"Error: {content}" if block.is_error else content})  # fmt: skip
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block.tool_use_id,
+                    "content": f"Error: {content}" if block.is_error else content,
+                }
+            )
         elif isinstance(block, TextBlock):
             text.append(block.text)
         elif isinstance(block, ToolUseBlock):
@@ -217,8 +226,15 @@ def _user(blocks: list) -> list[dict]:
 
 def _assistant(blocks: list) -> list[dict]:
     text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)}}
-             for b in blocks if isinstance(b, ToolUseBlock)]  # fmt: skip
+    calls = [
+        {
+            "id": b.id,
+            "type": "function",
+            "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)},
+        }
+        for b in blocks
+        if isinstance(b, ToolUseBlock)
+    ]
     message: dict = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = calls

@@ -24,7 +24,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from lingcode.completion.cuts import CutRules
-from lingcode.completion.prompt import Budgets, Chunk, CompletionInput, CompletionPrompt, build_prompt, completion_family
+from lingcode.completion.prompt import (
+    Budgets,
+    Chunk,
+    CompletionInput,
+    CompletionPrompt,
+    build_prompt,
+    completion_family,
+)
 from lingcode.engine import SamplingParams
 from lingcode.pipeline.scheduler import Priority
 from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
@@ -107,15 +114,25 @@ class EditorServing(Serving):
             params = replace(params, final_token_ids=self._newline_ids)
         shape = EditorShape(f"lccmpl-{uuid.uuid4().hex}", self.model_id, prompt, cut, self._count)
         self._counters["requests"] += 1
-        turn = Turn(shape.request_id, prompt.input_ids, params, cut=cut, priority=Priority.COMPLETION,
-                    latest_wins=f"complete:{body.document}" if body.document else None)  # fmt: skip
+        turn = Turn(
+            shape.request_id,
+            prompt.input_ids,
+            params,
+            cut=cut,
+            priority=Priority.COMPLETION,
+            latest_wins=f"complete:{body.document}" if body.document else None,
+        )
         return Prepared(turn, shape, body.stream)
 
     def _prompt(self, body: CompleteRequest) -> CompletionPrompt:
         request = CompletionInput(
-            prefix=body.prefix, suffix=body.suffix, path=body.path, language=body.language, repo=body.repo,
+            prefix=body.prefix,
+            suffix=body.suffix,
+            path=body.path,
+            language=body.language,
+            repo=body.repo,
             context=tuple(Chunk(c.path, c.text) for c in body.context),
-        )  # fmt: skip
+        )
         budgets = Budgets(**body.budgets.model_dump())
         prompt = build_prompt(self.info, request, budgets, self.completion_family)
         context = self.info.context_length
@@ -161,7 +178,13 @@ class EditorShape(Shape):
         self.on_done(end, self.cut)
         cut = self.cut.reason if end.finish_reason != "abort" else None
         return {
-            "id": self.request_id, "object": "lingcode.completion", "model": self.model, **extra,
-            "finish_reason": end.finish_reason, "cut": cut, "usage": usage_dict(end.usage),
-            "timings": timings_dict(end.usage, end.timing), "prompt": self.prompt.as_dict(),
-        }  # fmt: skip
+            "id": self.request_id,
+            "object": "lingcode.completion",
+            "model": self.model,
+            **extra,
+            "finish_reason": end.finish_reason,
+            "cut": cut,
+            "usage": usage_dict(end.usage),
+            "timings": timings_dict(end.usage, end.timing),
+            "prompt": self.prompt.as_dict(),
+        }

@@ -17,7 +17,17 @@ from starlette.requests import Request
 from lingcode.agent.tool_parsers import CallArgs, CallStart
 from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent, TurnStart
 from lingcode.server.openai.protocol import ChatCompletionRequest, json_format
-from lingcode.server.serving import DONE, Prepared, Serving, Shape, finish_reason, sse, stop_fields, timings_dict, usage_dict
+from lingcode.server.serving import (
+    DONE,
+    Prepared,
+    Serving,
+    Shape,
+    finish_reason,
+    sse,
+    stop_fields,
+    timings_dict,
+    usage_dict,
+)
 
 
 class ChatServing(Serving):
@@ -25,11 +35,19 @@ class ChatServing(Serving):
     request_model = ChatCompletionRequest
 
     async def prepare(self, body: ChatCompletionRequest, request: Request) -> Prepared:
-        tools, choice, sampling, grammar = body.tool_list(), body.choice(), body.sampling(), json_format(body.response_format)
+        tools, choice, sampling, grammar = (
+            body.tool_list(),
+            body.choice(),
+            body.sampling(),
+            json_format(body.response_format),
+        )
         shape = ChatShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
-        input_ids, prompt = await self.prompt_ids([m.for_template() for m in body.messages], tools,
-                                                   template_kwargs=body.template_variables(),
-                                                   opens=self.opening(body.stream, shape, sampling, tools, choice, grammar))  # fmt: skip
+        input_ids, prompt = await self.prompt_ids(
+            [m.for_template() for m in body.messages],
+            tools,
+            template_kwargs=body.template_variables(),
+            opens=self.opening(body.stream, shape, sampling, tools, choice, grammar),
+        )
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "messages")
         spec = self.turn_spec(tools, choice, body.parallel_tool_calls is not False, prompt)
         turn = Turn(shape.request_id, input_ids, params, spec, body.stop_strings(), stop_loops=stop_loops)
@@ -49,7 +67,9 @@ class ChatShape(Shape):
         return {"id": self.request_id, "object": object_name, "created": self.created, "model": self.model}
 
     def _chunk(self, delta: dict | None, finish_reason: str | None = None) -> dict:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        choices = (
+            [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        )
         chunk = {**self._head("chat.completion.chunk"), "choices": choices}
         if self.include_usage:
             chunk["usage"] = None  # OpenAI: null on every chunk but the usage chunk
@@ -66,8 +86,13 @@ class ChatShape(Shape):
         if end.reasoning:
             message["reasoning_content"] = end.reasoning
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(end)}
-        return {**self._head("chat.completion"), "choices": [choice], "usage": usage_dict(end.usage),
-                "timings": timings_dict(end.usage, end.timing), **stop_fields(end)}  # fmt: skip
+        return {
+            **self._head("chat.completion"),
+            "choices": [choice],
+            "usage": usage_dict(end.usage),
+            "timings": timings_dict(end.usage, end.timing),
+            **stop_fields(end),
+        }
 
     def opening(self, start: TurnStart | None = None) -> str:
         return sse(self._chunk({"role": "assistant", "content": ""}))  # OpenAI's first chunk: the role
@@ -80,8 +105,12 @@ class ChatShape(Shape):
             elif isinstance(event, Reasoning):
                 out.append(sse(self._chunk({"reasoning_content": event.text})))
             elif isinstance(event, CallStart):  # its index, id and name, and empty arguments (OpenAI's order)
-                call = {"index": event.index, "id": event.id, "type": "function",
-                        "function": {"name": event.name, "arguments": ""}}  # fmt: skip
+                call = {
+                    "index": event.index,
+                    "id": event.id,
+                    "type": "function",
+                    "function": {"name": event.name, "arguments": ""},
+                }
                 out.append(sse(self._chunk({"tool_calls": [call]})))
             elif isinstance(event, CallArgs):
                 call = {"index": event.index, "function": {"arguments": event.fragment}}
@@ -94,4 +123,8 @@ class ChatShape(Shape):
 
     def closing(self, end: TurnEnd) -> dict:
         """The stream's last choice chunk: the finish reason, and lingcode's timings."""
-        return {**self._chunk({}, finish_reason(end)), "timings": timings_dict(end.usage, end.timing), **stop_fields(end)}
+        return {
+            **self._chunk({}, finish_reason(end)),
+            "timings": timings_dict(end.usage, end.timing),
+            **stop_fields(end),
+        }

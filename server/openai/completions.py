@@ -10,7 +10,17 @@ from starlette.requests import Request
 from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai.protocol import CompletionRequest
-from lingcode.server.serving import DONE, Prepared, Serving, Shape, finish_reason, sse, stop_fields, timings_dict, usage_dict
+from lingcode.server.serving import (
+    DONE,
+    Prepared,
+    Serving,
+    Shape,
+    finish_reason,
+    sse,
+    stop_fields,
+    timings_dict,
+    usage_dict,
+)
 
 
 class CompletionsServing(Serving):
@@ -20,8 +30,12 @@ class CompletionsServing(Serving):
     async def prepare(self, body: CompletionRequest, request: Request) -> Prepared:
         input_ids = self.prompt_ids_of(body)
         if not input_ids:  # e.g. a control character that the vocabulary has no token for
-            raise invalid(f"the prompt {body.prompt!r} has no token in model {self.info.name!r}'s vocabulary; "
-                          "the model needs at least one", param="prompt", code="empty_prompt")  # fmt: skip
+            raise invalid(
+                f"the prompt {body.prompt!r} has no token in model {self.info.name!r}'s vocabulary; "
+                "the model needs at least one",
+                param="prompt",
+                code="empty_prompt",
+            )
         params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "prompt")
         shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
         turn = Turn(shape.request_id, input_ids, params, stop=body.stop_strings(), stop_loops=stop_loops)
@@ -40,8 +54,13 @@ class CompletionsServing(Serving):
         if body.suffix is None or (body.suffix == "" and not fim):
             return ids
         if not fim:
-            raise APIError(400, f"suffix: model {self.info.name!r} has no fill-in-the-middle tokens, so `suffix` "
-                           "is not supported; send the prompt alone", param="suffix", code="suffix_not_supported")  # fmt: skip
+            raise APIError(
+                400,
+                f"suffix: model {self.info.name!r} has no fill-in-the-middle tokens, so `suffix` "
+                "is not supported; send the prompt alone",
+                param="suffix",
+                code="suffix_not_supported",
+            )
         # PSM order: <prefix> prompt <suffix> suffix <middle>, and the model writes the middle.
         encode = tokenizer.encode
         return encode(fim["prefix"]) + ids + encode(fim["suffix"]) + encode(body.suffix) + encode(fim["middle"])
@@ -68,8 +87,13 @@ class CompletionShape(Shape):
 
     def whole(self, end: TurnEnd) -> dict:
         choice = {"index": 0, "text": end.content, "logprobs": None, "finish_reason": finish_reason(end)}
-        return {**self._head(), "choices": [choice], "usage": usage_dict(end.usage),
-                "timings": timings_dict(end.usage, end.timing), **stop_fields(end)}  # fmt: skip
+        return {
+            **self._head(),
+            "choices": [choice],
+            "usage": usage_dict(end.usage),
+            "timings": timings_dict(end.usage, end.timing),
+            **stop_fields(end),
+        }
 
     def frames(self, events: list[TurnEvent]) -> str:
         out = []
@@ -77,8 +101,15 @@ class CompletionShape(Shape):
             if isinstance(event, Content):
                 out.append(sse(self._chunk(event.text)))
             elif isinstance(event, TurnEnd):
-                out.append(sse({**self._chunk("", finish_reason(event)), "timings": timings_dict(event.usage, event.timing),
-                                **stop_fields(event)}))  # fmt: skip
+                out.append(
+                    sse(
+                        {
+                            **self._chunk("", finish_reason(event)),
+                            "timings": timings_dict(event.usage, event.timing),
+                            **stop_fields(event),
+                        }
+                    )
+                )
                 if self.include_usage:
                     out.append(sse({**self._chunk(None), "usage": usage_dict(event.usage)}))
         return "".join(out)

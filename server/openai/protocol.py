@@ -15,8 +15,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from lingcode.server.validation import (StrictModel, TokenCount, ToolName, TopP, check_tool_choice,
-                                        check_unique_tool_names)  # fmt: skip
+from lingcode.server.validation import (
+    StrictModel,
+    TokenCount,
+    ToolName,
+    TopP,
+    check_tool_choice,
+    check_unique_tool_names,
+)
 from lingcode.agent.thinking import Thinking, check_template_kwargs
 from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.turns import ToolChoice
@@ -204,7 +210,9 @@ class ChatCompletionRequest(GenerationRequest):
     reasoning_effort: ReasoningEffort | None = None
 
     def template_variables(self) -> dict[str, Any]:
-        return Thinking(effort=self.reasoning_effort, template_kwargs=self.chat_template_kwargs or {}).template_variables()
+        return Thinking(
+            effort=self.reasoning_effort, template_kwargs=self.chat_template_kwargs or {}
+        ).template_variables()
 
     @field_validator("logprobs", "top_logprobs")
     @classmethod
@@ -221,8 +229,14 @@ class ChatCompletionRequest(GenerationRequest):
         return self
 
     def tool_list(self) -> list[Tool]:
-        return [Tool(t.function.name, t.function.description or "", t.function.parameters or {"type": "object", "properties": {}})
-                for t in self.tools or []]  # fmt: skip
+        return [
+            Tool(
+                t.function.name,
+                t.function.description or "",
+                t.function.parameters or {"type": "object", "properties": {}},
+            )
+            for t in self.tools or []
+        ]
 
     def choice(self) -> ToolChoice:
         if isinstance(self.tool_choice, NamedToolChoice):

@@ -22,8 +22,15 @@ from lingcode.agent.tool_parsers import Tool
 from lingcode.pipeline.turns import ToolChoice
 
 
-HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation", "mcp",
-                "computer_use_preview")  # fmt: skip
+HOSTED_TOOLS = (
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "computer_use_preview",
+)
 
 
 class ResponsesTool(StrictModel):
@@ -114,8 +121,10 @@ class ResponsesRequest(GenerationRequest):
         return self
 
     def tool_list(self) -> list[Tool]:
-        return [Tool(t.name, t.description or "", t.parameters or {"type": "object", "properties": {}})
-                for t in self.tools or []]  # fmt: skip
+        return [
+            Tool(t.name, t.description or "", t.parameters or {"type": "object", "properties": {}})
+            for t in self.tools or []
+        ]
 
     def namespaces(self) -> dict[str, str]:
         return {t.name: t.namespace for t in self.tools or [] if t.namespace}
@@ -148,10 +157,15 @@ class ResponsesRequest(GenerationRequest):
                 role = item.get("role")
                 if role not in ("user", "assistant", "system", "developer"):
                     raise ValueError(f"input[{i}].role: {role!r} is not a message role")
-                out.append({"role": "system" if role == "developer" else role, "content": _text(item.get("content"), i)})
+                out.append(
+                    {"role": "system" if role == "developer" else role, "content": _text(item.get("content"), i)}
+                )
             elif kind == "function_call":
-                call = {"id": _str(item, "call_id", i), "type": "function",
-                        "function": {"name": _str(item, "name", i), "arguments": item.get("arguments") or "{}"}}  # fmt: skip
+                call = {
+                    "id": _str(item, "call_id", i),
+                    "type": "function",
+                    "function": {"name": _str(item, "name", i), "arguments": item.get("arguments") or "{}"},
+                }
                 if out and out[-1]["role"] == "assistant":
                     out[-1].setdefault("tool_calls", []).append(call)
                 else:

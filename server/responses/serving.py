@@ -39,8 +39,13 @@ class ResponsesServing(Serving):
             raise invalid(str(exc), param="input") from None
         tools, choice, sampling = body.tool_list(), body.choice(), body.sampling()
         shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
-        input_ids, prompt = await self.prompt_ids(messages, tools, param="input", template_kwargs=body.template_variables(),
-                                                   opens=self.opening(body.stream, shape, sampling, tools, choice, json_format))  # fmt: skip
+        input_ids, prompt = await self.prompt_ids(
+            messages,
+            tools,
+            param="input",
+            template_kwargs=body.template_variables(),
+            opens=self.opening(body.stream, shape, sampling, tools, choice, json_format),
+        )
         params, stop_loops = self.sampling_params(sampling, len(input_ids), "input")
         spec = self.turn_spec(tools, choice, body.parallel_tool_calls is not False, prompt)
         turn = Turn(shape.id, input_ids, params, spec, body.stop_strings(), stop_loops=stop_loops)
@@ -52,22 +57,41 @@ def _item_id(prefix: str) -> str:
 
 
 def _usage(usage: Usage) -> dict:
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.total_tokens}  # fmt: skip
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
 
 
 def _message(item_id: str, text: str, status: str) -> dict:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [part] if status == "completed" else []}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [part] if status == "completed" else [],
+    }
 
 
 def _reasoning(item_id: str, text: str) -> dict:
     return {"id": item_id, "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
 
-def _function_call(item_id: str, call_id: str, name: str, arguments: str, status: str, namespace: str | None = None) -> dict:
-    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+def _function_call(
+    item_id: str, call_id: str, name: str, arguments: str, status: str, namespace: str | None = None
+) -> dict:
+    item = {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
     if namespace:
         item["namespace"] = namespace
     return item
@@ -84,19 +108,38 @@ class ResponseShape(Shape):
 
     def _response(self, status: str, output: list[dict], end: TurnEnd | None = None) -> dict:
         body = self.body
-        fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else {"type": "text"}
-        choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else (body.tool_choice or "auto")
+        fmt = (
+            body.text.format.model_dump(by_alias=True, exclude_none=True)
+            if body.text and body.text.format
+            else {"type": "text"}
+        )
+        choice = (
+            body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else (body.tool_choice or "auto")
+        )
         response = {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
-            "incomplete_details": None, "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "model": self.model, "output": output, "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "previous_response_id": None, "store": False,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": None,
+            "store": False,
             "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
-            "temperature": body.temperature if body.temperature is not None else 1.0, "text": {"format": fmt},
-            "tool_choice": choice, "tools": [t.model_dump(exclude_none=True, exclude={"namespace"}) for t in body.tools or []],
-            "top_p": body.top_p if body.top_p is not None else 1.0, "truncation": "disabled", "usage": None,
+            "temperature": body.temperature if body.temperature is not None else 1.0,
+            "text": {"format": fmt},
+            "tool_choice": choice,
+            "tools": [t.model_dump(exclude_none=True, exclude={"namespace"}) for t in body.tools or []],
+            "top_p": body.top_p if body.top_p is not None else 1.0,
+            "truncation": "disabled",
+            "usage": None,
             "metadata": {},
-        }  # fmt: skip
+        }
         if end is not None:
             response["usage"] = _usage(end.usage)
             response["timings"] = end.timing.as_dict() if end.timing else {}
@@ -111,8 +154,10 @@ class ResponseShape(Shape):
             output.append(_reasoning(_item_id("rs"), end.reasoning))
         if end.content or not end.tool_calls:
             output.append(_message(_item_id("msg"), end.content, "completed"))
-        output += [_function_call(_item_id("fc"), c.id, c.name, c.arguments, "completed", self.namespaces.get(c.name))
-                   for c in end.tool_calls]  # fmt: skip
+        output += [
+            _function_call(_item_id("fc"), c.id, c.name, c.arguments, "completed", self.namespaces.get(c.name))
+            for c in end.tool_calls
+        ]
         return self._response("incomplete" if end.finish_reason == "length" else "completed", output, end)
 
     def _event(self, name: str, payload: dict) -> str:
@@ -121,8 +166,9 @@ class ResponseShape(Shape):
         return named_sse(name, payload)
 
     def opening(self, start: TurnStart | None = None) -> str:
-        return (self._event("response.created", {"response": self._response("in_progress", [])})
-                + self._event("response.in_progress", {"response": self._response("in_progress", [])}))  # fmt: skip
+        return self._event("response.created", {"response": self._response("in_progress", [])}) + self._event(
+            "response.in_progress", {"response": self._response("in_progress", [])}
+        )
 
     def frames(self, events: list[TurnEvent]) -> str:
         out: list[str] = []
@@ -132,20 +178,43 @@ class ResponseShape(Shape):
                 if current is None or current["kind"] != "reasoning":
                     out += self._open_item("reasoning")
                 self.current["text"] += event.text
-                out.append(self._event("response.reasoning_text.delta", {"item_id": self.current["id"], "output_index": len(self.done),
-                                                                         "content_index": 0, "delta": event.text}))  # fmt: skip
+                out.append(
+                    self._event(
+                        "response.reasoning_text.delta",
+                        {
+                            "item_id": self.current["id"],
+                            "output_index": len(self.done),
+                            "content_index": 0,
+                            "delta": event.text,
+                        },
+                    )
+                )
             elif isinstance(event, Content):
                 if current is None or current["kind"] != "message":
                     out += self._open_item("message")
                 self.current["text"] += event.text
-                out.append(self._event("response.output_text.delta", {"item_id": self.current["id"], "output_index": len(self.done),
-                                                                      "content_index": 0, "delta": event.text, "logprobs": []}))  # fmt: skip
+                out.append(
+                    self._event(
+                        "response.output_text.delta",
+                        {
+                            "item_id": self.current["id"],
+                            "output_index": len(self.done),
+                            "content_index": 0,
+                            "delta": event.text,
+                            "logprobs": [],
+                        },
+                    )
+                )
             elif isinstance(event, CallStart):
                 out += self._open_item("function_call", call_id=event.id, name=event.name)
             elif isinstance(event, CallArgs):
                 self.current["text"] += event.fragment
-                out.append(self._event("response.function_call_arguments.delta",
-                                       {"item_id": self.current["id"], "output_index": len(self.done), "delta": event.fragment}))  # fmt: skip
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        {"item_id": self.current["id"], "output_index": len(self.done), "delta": event.fragment},
+                    )
+                )
             elif isinstance(event, TurnEnd):
                 if not self.done and self.current is None:  # an empty answer is still one (empty) message
                     out += self._open_item("message")
@@ -164,39 +233,76 @@ class ResponseShape(Shape):
         out = []
         if item["kind"] == "message":
             part = {"type": "output_text", "text": item["text"], "annotations": [], "logprobs": []}
-            out.append(self._event("response.output_text.done", {"item_id": item["id"], "output_index": index, "content_index": 0,
-                                                                 "text": item["text"], "logprobs": []}))  # fmt: skip
-            out.append(self._event("response.content_part.done", {"item_id": item["id"], "output_index": index,
-                                                                  "content_index": 0, "part": part}))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.output_text.done",
+                    {
+                        "item_id": item["id"],
+                        "output_index": index,
+                        "content_index": 0,
+                        "text": item["text"],
+                        "logprobs": [],
+                    },
+                )
+            )
+            out.append(
+                self._event(
+                    "response.content_part.done",
+                    {"item_id": item["id"], "output_index": index, "content_index": 0, "part": part},
+                )
+            )
             final = _message(item["id"], item["text"], "completed")
         elif item["kind"] == "reasoning":
-            out.append(self._event("response.reasoning_text.done", {"item_id": item["id"], "output_index": index,
-                                                                    "content_index": 0, "text": item["text"]}))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.reasoning_text.done",
+                    {"item_id": item["id"], "output_index": index, "content_index": 0, "text": item["text"]},
+                )
+            )
             final = _reasoning(item["id"], item["text"])
         else:
-            out.append(self._event("response.function_call_arguments.done",
-                                   {"item_id": item["id"], "output_index": index, "arguments": item["text"]}))  # fmt: skip
-            final = _function_call(item["id"], item["call_id"], item["name"], item["text"], "completed",
-                                   self.namespaces.get(item["name"]))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    {"item_id": item["id"], "output_index": index, "arguments": item["text"]},
+                )
+            )
+            final = _function_call(
+                item["id"], item["call_id"], item["name"], item["text"], "completed", self.namespaces.get(item["name"])
+            )
         out.append(self._event("response.output_item.done", {"output_index": index, "item": final}))
         self.done.append(final)
         return out
 
     def _open_item(self, kind: str, **extra) -> list[str]:
         out = self._close_item()
-        self.current = {"kind": kind, "id": _item_id({"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]),
-                        "text": "", **extra}  # fmt: skip
+        self.current = {
+            "kind": kind,
+            "id": _item_id({"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]),
+            "text": "",
+            **extra,
+        }
         index = len(self.done)
         if kind == "message":
             item = _message(self.current["id"], "", "in_progress")
         elif kind == "reasoning":
             item = {"id": self.current["id"], "type": "reasoning", "summary": [], "content": []}
         else:
-            item = _function_call(self.current["id"], extra["call_id"], extra["name"], "", "in_progress",
-                                  self.namespaces.get(extra["name"]))  # fmt: skip
+            item = _function_call(
+                self.current["id"],
+                extra["call_id"],
+                extra["name"],
+                "",
+                "in_progress",
+                self.namespaces.get(extra["name"]),
+            )
         out.append(self._event("response.output_item.added", {"output_index": index, "item": item}))
         if kind == "message":
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            out.append(self._event("response.content_part.added", {"item_id": self.current["id"], "output_index": index,
-                                                                   "content_index": 0, "part": part}))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    {"item_id": self.current["id"], "output_index": index, "content_index": 0, "part": part},
+                )
+            )
         return out

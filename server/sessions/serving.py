@@ -48,7 +48,9 @@ class SessionsServing(Serving):
         self.store = store
 
     def install(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/sessions", self.create, methods=["POST"], openapi_extra=request_body(SessionCreateRequest))
+        app.add_api_route(
+            "/v1/sessions", self.create, methods=["POST"], openapi_extra=request_body(SessionCreateRequest)
+        )
         app.add_api_route("/v1/sessions", self.list, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.get, methods=["GET"])
         app.add_api_route("/v1/sessions/{session_id}", self.delete, methods=["DELETE"])
@@ -56,8 +58,14 @@ class SessionsServing(Serving):
 
     async def create(self, request: Request) -> JSONResponse:
         body = parse(SessionCreateRequest, await read_json(request, self.max_body_bytes))
-        tools = [Tool(t.function.name, t.function.description or "", t.function.parameters or {"type": "object", "properties": {}})
-                 for t in body.tools or []]  # fmt: skip
+        tools = [
+            Tool(
+                t.function.name,
+                t.function.description or "",
+                t.function.parameters or {"type": "object", "properties": {}},
+            )
+            for t in body.tools or []
+        ]
         try:
             check_unique_tool_names(t.name for t in tools)
         except ValueError as exc:
@@ -85,7 +93,9 @@ class SessionsServing(Serving):
     async def delete(self, session_id: str) -> dict:
         session = self._session(session_id)
         if session.busy:
-            raise APIError(409, f"session {session_id} has a turn running; wait for it or abort it", code="session_busy")
+            raise APIError(
+                409, f"session {session_id} has a turn running; wait for it or abort it", code="session_busy"
+            )
         self.store.delete(session_id)
         return {"id": session_id, "object": "session.deleted", "deleted": True}
 
@@ -104,8 +114,13 @@ class SessionsServing(Serving):
             raise invalid(str(exc), param="messages") from None
         params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "messages")
         spec = self.turn_spec(session.tools, choice, body.parallel_tool_calls is not False, appended)
-        shape = SessionShape(f"chatcmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage(), session,
-                             len(input_ids) - len(session.token_ids))  # fmt: skip
+        shape = SessionShape(
+            f"chatcmpl-{uuid.uuid4().hex}",
+            self.model_id,
+            body.include_usage(),
+            session,
+            len(input_ids) - len(session.token_ids),
+        )
         session.busy = claim = shape.request_id  # claimed before the next await: a turn sent meanwhile gets a 409
 
         def release() -> None:
@@ -116,18 +131,25 @@ class SessionsServing(Serving):
         return Prepared(turn, shape, bool(body.stream), json_format(body.response_format), release=release)
 
     def run(self, prepared: Prepared) -> AsyncIterator[list[TurnEvent]]:
-        return _recorded(self.store, prepared.shape.session, prepared.turn.input_ids, super().run(prepared), prepared.release)
+        return _recorded(
+            self.store, prepared.shape.session, prepared.turn.input_ids, super().run(prepared), prepared.release
+        )
 
     def _session(self, session_id: str) -> Session:
         session = self.store.get(session_id)
         if session is None:
-            raise APIError(404, f"no session {session_id!r} (never created, deleted, expired after being idle, or "
-                                f"forgotten for newer ones: {self.store.bounds()})", code="session_not_found")  # fmt: skip
+            raise APIError(
+                404,
+                f"no session {session_id!r} (never created, deleted, expired after being idle, or "
+                f"forgotten for newer ones: {self.store.bounds()})",
+                code="session_not_found",
+            )
         return session
 
 
-async def _recorded(store: SessionStore, session: Session, input_ids: list[int], events: AsyncIterator[list[TurnEvent]],
-                    release) -> AsyncIterator[list[TurnEvent]]:  # fmt: skip
+async def _recorded(
+    store: SessionStore, session: Session, input_ids: list[int], events: AsyncIterator[list[TurnEvent]], release
+) -> AsyncIterator[list[TurnEvent]]:
     """The turn's events; a finished turn is committed to the history before its end is shaped."""
     try:
         async for batch in events:
@@ -148,8 +170,12 @@ class SessionShape(ChatShape):
         self.session, self.appended = session, appended
 
     def _session(self) -> dict:
-        return {"id": self.session.id, "turn": self.session.turns, "appended_tokens": self.appended,
-                "history_tokens": len(self.session.token_ids)}  # fmt: skip
+        return {
+            "id": self.session.id,
+            "turn": self.session.turns,
+            "appended_tokens": self.appended,
+            "history_tokens": len(self.session.token_ids),
+        }
 
     def whole(self, end: TurnEnd) -> dict:
         return {**super().whole(end), "session": self._session()}

@@ -60,7 +60,7 @@ if __name__ == "__main__":
     print(asyncio.run(run([Job("a"), Job("b", 1, ["x"])])))
 '''
 
-C = '''\
+C = """\
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,9 +81,9 @@ int main(int argc, char **argv) {
     unsigned long long big = 0xFFFFFFFFFFFFFFFFULL; /* 18446744073709551615 */
     return big >> 63 ? 0 : 1;
 }
-'''
+"""
 
-RUST = '''\
+RUST = """\
 use std::collections::HashMap;
 use std::io::{self, BufRead};
 
@@ -103,9 +103,9 @@ fn main() -> io::Result<()> {
     println!("{:?} {:>8.3}", counts.len(), 3.14159_f64);
     Ok(())
 }
-'''
+"""
 
-GO = '''\
+GO = """\
 package main
 
 import (
@@ -132,9 +132,9 @@ func main() {
 \tgo func() { _ = http.ListenAndServe(s.Addr, s) }()
 \tselect {}
 }
-'''
+"""
 
-TYPESCRIPT = '''\
+TYPESCRIPT = """\
 // @ts-check
 import { readFile } from "node:fs/promises";
 
@@ -151,9 +151,9 @@ export async function load(path: string): Promise<User[]> {
 
 const sum = [1, 2, 3].reduce((a, b) => a + b, 0) >>> 0;
 console.log(`sum=${sum}`, sum === 6 ? "ok" : "bad", 1e21, 0b1010, 0o777, 1_000_000n);
-'''
+"""
 
-SHELL = '''\
+SHELL = """\
 #!/usr/bin/env bash
 set -euo pipefail
 IFS=$'\\n\\t'
@@ -164,9 +164,9 @@ for f in "${@:-.}"/*.log; do
   echo "$f: ${n} errors" >&2
 done | sort -k2 -n | tail -n 10
 tar czf "backup-$(date +%Y%m%d).tgz" ./data && rm -rf ./tmp/*
-'''
+"""
 
-JSON_TEXT = '''\
+JSON_TEXT = """\
 {
   "name": "lingcode",
   "version": "0.1.0",
@@ -175,9 +175,9 @@ JSON_TEXT = '''\
   "nested": {"a": {"b": {"c": []}}},
   "unicode": "caf\\u00e9 \\ud83d\\ude00 日本語"
 }
-'''
+"""
 
-MARKDOWN = '''\
+MARKDOWN = """\
 # Title
 
 Some *emphasis*, **bold**, `code`, and a [link](https://example.com/a?b=1&c=2#frag).
@@ -197,9 +197,9 @@ Some *emphasis*, **bold**, `code`, and a [link](https://example.com/a?b=1&c=2#fr
 ```python
 print("fenced")
 ```
-'''
+"""
 
-SQL = '''\
+SQL = """\
 SELECT u.id, u.name, COUNT(o.id) AS orders, SUM(o.total)::numeric(10,2)
 FROM users u
 LEFT JOIN orders o ON o.user_id = u.id AND o.created_at >= NOW() - INTERVAL '30 days'
@@ -208,12 +208,12 @@ GROUP BY 1, 2
 HAVING COUNT(*) > 3
 ORDER BY orders DESC
 LIMIT 50;
-'''
+"""
 
 OTHER_CODE = [
-    "<!DOCTYPE html>\n<html lang=\"en\">\n<body><div class=\"a b\" data-x='1'>&amp; &lt;tag&gt;</div></body>\n</html>\n",
+    '<!DOCTYPE html>\n<html lang="en">\n<body><div class="a b" data-x=\'1\'>&amp; &lt;tag&gt;</div></body>\n</html>\n',
     "key: value\nlist:\n  - 1\n  - 'two'\n  - \"three\"\nanchor: &a {x: 1}\nref: *a\n",
-    "public class Main {\n    public static void main(String[] args) {\n        System.out.println(\"Hi\" + args.length);\n    }\n}\n",
+    'public class Main {\n    public static void main(String[] args) {\n        System.out.println("Hi" + args.length);\n    }\n}\n',
     "CFLAGS ?= -O2 -Wall\n\nall: main.o util.o\n\t$(CC) $(CFLAGS) -o app $^\n\n%.o: %.c\n\t$(CC) -c $< -o $@\n",
     "diff --git a/x.py b/x.py\n@@ -1,3 +1,4 @@\n-old = 1\n+new = 2\n+# added\n context\n",
     "(defun fact (n) (if (<= n 1) 1 (* n (fact (- n 1)))))\n;; => 120\n",
@@ -238,7 +238,7 @@ UNICODE = [
     "Private/unassigned: \ue000\uf8ff \U000f0000 \u0378\u0379 \ufffd \uffff",
     "Control chars: \x00\x01\x07\x08\x1b[31mred\x1b[0m\x7f \x1c\x1d\x1e\x1f end \x04\x06\x13\x14\x16 ab\x04cd",
     # Unicode 16.0's letters and digits, neither to llama.cpp (its tables are older); planes 4-11
-    "Unicode 16: \U00013460's \U00013461\U00013462x \U00016D70\U00016D71 1\U0001CCF0 \U0001E5D0'S a\U00010D40 \u1C89\u1C8Ab",
+    "Unicode 16: \U00013460's \U00013461\U00013462x \U00016d70\U00016d71 1\U0001ccf0 \U0001e5d0'S a\U00010d40 \u1c89\u1c8ab",
     "Plane 5: a\U00050000\U00050001's b\U00090000",
 ]
 
@@ -289,7 +289,7 @@ SPECIAL = [
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWrite a function.<|im_end|>\n<|im_start|>assistant\n",
     "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c\n<|fim_middle|>",
     "<|repo_name|>lingcode\n<|file_sep|>src/main.py\nimport os\n<|file_sep|>README.md\n# lingcode\n<|fim_pad|><|endoftext|>",
-    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     "<|im_end|><|im_start|><|im_end|><|endoftext|><|endoftext|>",
     "text<|im_start|>text<|im_end|>text <|fim_prefix|> spaced <|fim_middle|>\n\n<|fim_suffix|>\t",
     "almost: <|im_start <|im_end |> <| im_end|> <im_end> <|IM_END|> <|im_start|",

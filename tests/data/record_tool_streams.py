@@ -26,14 +26,31 @@ from lingcode.pipeline.scheduler import Scheduler
 from lingcode.agent.tool_parsers import Tool, tool_call_grammar
 from lingcode.agent.tool_prompt import render_prompt
 
-WEATHER = Tool("get_weather", "Get the current weather in a city",
-               {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                "required": ["city", "unit"]})  # fmt: skip
-READ = Tool("read_file", "Read a file of the project", {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})
+WEATHER = Tool(
+    "get_weather",
+    "Get the current weather in a city",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"],
+    },
+)
+READ = Tool(
+    "read_file",
+    "Read a file of the project",
+    {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+)
 
 CASES = [
     ("weather-required", [WEATHER], "What is the weather in Paris?", "required", False, 48),
-    ("two-tools-parallel", [WEATHER, READ], "Read the file main.py and tell me the weather in Rome.", "required", True, 96),
+    (
+        "two-tools-parallel",
+        [WEATHER, READ],
+        "Read the file main.py and tell me the weather in Rome.",
+        "required",
+        True,
+        96,
+    ),
     ("read-file-named", [WEATHER, READ], "Show me what is in setup.py", "read_file", False, 32),
     ("free-answer", [WEATHER], "Say hello.", "auto", True, 24),
 ]
@@ -56,15 +73,27 @@ async def main() -> None:
         if choice != "auto":
             forced = tools if choice == "required" else [t for t in tools if t.name == choice]
             tag = tool_call_grammar(family.tool_parser, forced, parallel)
-            params = dataclasses.replace(params, constraint=constraint(info.tokenizer, info.eos_token_ids, "structural_tag", tag))
+            params = dataclasses.replace(
+                params, constraint=constraint(info.tokenizer, info.eos_token_ids, "structural_tag", tag)
+            )
         chunks, finish = [], None
         async for chunk in generate_text(scheduler, info.tokenizer, name, info.tokenizer.encode(prompt), params):
             chunks.append(chunk.text)
             finish = chunk.finish_reason
         calls, content = oracle("".join(chunks))
-        records.append({"name": name, "model": info.name, "parser": family.tool_parser, "tool_choice": choice,
-                        "tools": [dataclasses.asdict(t) for t in tools], "finish_reason": finish, "chunks": chunks,
-                        "expected_calls": calls, "expected_content": content})  # fmt: skip
+        records.append(
+            {
+                "name": name,
+                "model": info.name,
+                "parser": family.tool_parser,
+                "tool_choice": choice,
+                "tools": [dataclasses.asdict(t) for t in tools],
+                "finish_reason": finish,
+                "chunks": chunks,
+                "expected_calls": calls,
+                "expected_content": content,
+            }
+        )
         print(name, finish, calls, repr(content))
     await engine.close()
     out = Path(__file__).with_name("tool_streams.json")

@@ -42,8 +42,12 @@ def _message_markdown(message: ChatMessage) -> list[str]:
         lines.append(message.content)
     for call in message.tool_calls:
         function = call.get("function", {})
-        lines += ["", f"**Tool call** `{function.get('name')}` (`{call.get('id')}`):", "",
-                  fence(_pretty_json(function.get("arguments", "")), "json")]  # fmt: skip
+        lines += [
+            "",
+            f"**Tool call** `{function.get('name')}` (`{call.get('id')}`):",
+            "",
+            fence(_pretty_json(function.get("arguments", "")), "json"),
+        ]
     if message.state in ("stopped", "error", "streaming"):
         lines += ["", f"_({_STATE_NOTE[message.state]}{': ' + message.error if message.error else ''})_"]
     timings = message.stats.get("timings") or {}

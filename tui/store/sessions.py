@@ -112,8 +112,10 @@ class ChatStore:
             self.db = _open(_private(self.path))
         except StoreDamaged as damage:
             aside = move_aside(self.path)
-            self.recovered = (f"The chat history {self.path} was damaged ({damage}). It was moved to {aside} "
-                              "and a new, empty history was started.")  # fmt: skip
+            self.recovered = (
+                f"The chat history {self.path} was damaged ({damage}). It was moved to {aside} "
+                "and a new, empty history was started."
+            )
             log.error("%s", self.recovered)
             self.db = _open(_private(self.path))
 
@@ -178,11 +180,18 @@ class ChatStore:
             "INSERT INTO messages (session_id, role, content, attachments, tool_calls, tool_call_id, state, error,"
             " stats, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                session_id, role, content, _json(fields.get("attachments")), _json(fields.get("tool_calls")),
-                fields.get("tool_call_id"), fields.get("state", "done"), fields.get("error"),
-                _json(fields.get("stats")), now,
+                session_id,
+                role,
+                content,
+                _json(fields.get("attachments")),
+                _json(fields.get("tool_calls")),
+                fields.get("tool_call_id"),
+                fields.get("state", "done"),
+                fields.get("error"),
+                _json(fields.get("stats")),
+                now,
             ),
-        )  # fmt: skip
+        )
         self.db.execute("UPDATE sessions SET updated = ? WHERE id = ?", (now, session_id))
         return self.message(cursor.lastrowid)
 
@@ -199,12 +208,17 @@ class ChatStore:
     def _session(self, row: sqlite3.Row) -> ChatSession:
         where = f"session {row['id']}"
         return ChatSession(
-            id=row["id"], title=_text(row["title"]), system=_text(row["system"]), agent=bool(row["agent"]),
-            workdir=_text(row["workdir"]), context_start=_number(row["context_start"], int),
+            id=row["id"],
+            title=_text(row["title"]),
+            system=_text(row["system"]),
+            agent=bool(row["agent"]),
+            workdir=_text(row["workdir"]),
+            context_start=_number(row["context_start"], int),
             always_allow=self._column(row, where, "always_allow", [], _strings),
-            created=_number(row["created"], float), updated=_number(row["updated"], float),
+            created=_number(row["created"], float),
+            updated=_number(row["updated"], float),
             message_count=row["message_count"],
-        )  # fmt: skip
+        )
 
     def _message(self, row: sqlite3.Row) -> ChatMessage | None:
         where = f"message {row['id']} of session {row['session_id']}"
@@ -214,17 +228,23 @@ class ChatStore:
             return None
         state = row["state"] if row["state"] in STATES else "done"
         if state != row["state"]:
-            self._report(("message", row["id"], "state"), f"{where} has the state {reprlib.repr(row['state'])}; "
-                                                           "it is taken as done")  # fmt: skip
+            self._report(
+                ("message", row["id"], "state"),
+                f"{where} has the state {reprlib.repr(row['state'])}; it is taken as done",
+            )
         return ChatMessage(
-            id=row["id"], session_id=row["session_id"], role=role, content=_text(row["content"]),
+            id=row["id"],
+            session_id=row["session_id"],
+            role=role,
+            content=_text(row["content"]),
             attachments=self._column(row, where, "attachments", [], _attachments),
             tool_calls=self._column(row, where, "tool_calls", [], _tool_calls),
-            tool_call_id=None if row["tool_call_id"] is None else _text(row["tool_call_id"]), state=state,
+            tool_call_id=None if row["tool_call_id"] is None else _text(row["tool_call_id"]),
+            state=state,
             error=None if row["error"] is None else _text(row["error"]),
             stats=self._column(row, where, "stats", {}, lambda value: isinstance(value, dict)),
             created=_number(row["created"], float),
-        )  # fmt: skip
+        )
 
     def _column(self, row: sqlite3.Row, where: str, column: str, empty, valid):
         """A JSON column's value; `empty` (reported) if it is not JSON or not of its shape."""
@@ -238,16 +258,26 @@ class ChatStore:
         else:
             if valid(value):
                 return value
-        self._report((where, column), f"{where}: its {column} cannot be read ({reprlib.repr(raw)}); it is taken as "
-                                      f"{json.dumps(empty)}")  # fmt: skip
+        self._report(
+            (where, column),
+            f"{where}: its {column} cannot be read ({reprlib.repr(raw)}); it is taken as {json.dumps(empty)}",
+        )
         return empty
 
     def set_content(self, message_id: int, content: str) -> None:
         """The answer so far; called before each fragment is shown."""
         self.db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
-    def finish(self, message_id: int, *, state: str, content: str | None = None, error: str | None = None,
-               stats: dict | None = None, tool_calls: list[dict] | None = None) -> ChatMessage:  # fmt: skip
+    def finish(
+        self,
+        message_id: int,
+        *,
+        state: str,
+        content: str | None = None,
+        error: str | None = None,
+        stats: dict | None = None,
+        tool_calls: list[dict] | None = None,
+    ) -> ChatMessage:
         self.db.execute(
             "UPDATE messages SET state = ?, content = COALESCE(?, content), error = ?, stats = COALESCE(?, stats),"
             " tool_calls = COALESCE(?, tool_calls) WHERE id = ?",
@@ -302,14 +332,15 @@ def _migrate(db: sqlite3.Connection) -> None:
     tables are not there (user_version says more: a newer lingcode's store keeps them all).
     """
     version = db.execute("PRAGMA user_version").fetchone()[0]
-    for number, script in enumerate(MIGRATIONS[max(version, 0):], start=max(version, 0) + 1):
+    for number, script in enumerate(MIGRATIONS[max(version, 0) :], start=max(version, 0) + 1):
         try:
             db.executescript(f"BEGIN; {script}; PRAGMA user_version = {number}; COMMIT;")
         except sqlite3.OperationalError as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            raise StoreDamaged(f"it says it is at version {version}, but migration {number} fails on it: "
-                               f"{exc}") from None
+            raise StoreDamaged(
+                f"it says it is at version {version}, but migration {number} fails on it: {exc}"
+            ) from None
     for table, columns in _expected_columns().items():
         found = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         if not found:

@@ -40,27 +40,69 @@ def _object(required: list[str], **properties: dict) -> dict:
 
 _PATH = {"type": "string", "description": "a path, relative to the working directory"}
 
-TOOLS = {tool.name: tool for tool in [
-    LocalTool("read_file", f"Read a text file, {files.READ_LINES} numbered lines at a time.",
-              _object(["path"], path=_PATH, offset={"type": "integer", "description": "first line, from 1"},
-                      limit={"type": "integer", "description": f"lines to read, at most {files.READ_LINES}"}),
-              "read", "path", files.read_file),
-    LocalTool("list_dir", "List a directory's entries.", _object([], path=_PATH), "read", "path", files.list_dir),
-    LocalTool("grep", "Search files for a Python regular expression; prints path:line: text.",
-              _object(["pattern"], pattern={"type": "string"}, path=_PATH,
-                      glob={"type": "string", "description": "file name glob, such as *.py"}),
-              "read", "path", files.grep, walks=True),
-    LocalTool("apply_edit", "Replace the one occurrence of old_text in a file with new_text.",
-              _object(["path", "old_text", "new_text"], path=_PATH, old_text={"type": "string"},
-                      new_text={"type": "string"}),
-              "write", "path", files.apply_edit),
-    LocalTool("write_file", "Create or overwrite a text file.",
-              _object(["path", "content"], path=_PATH, content={"type": "string"}), "write", "path", files.write_file),
-    LocalTool("run_command", "Run a bash command in the working directory; prints its exit code and output.",
-              _object(["command"], command={"type": "string"},
-                      timeout_s={"type": "integer", "description": f"default {shell.DEFAULT_TIMEOUT_S}"}),
-              "command", "command", shell.run_command),
-]}  # fmt: skip
+TOOLS = {
+    tool.name: tool
+    for tool in [
+        LocalTool(
+            "read_file",
+            f"Read a text file, {files.READ_LINES} numbered lines at a time.",
+            _object(
+                ["path"],
+                path=_PATH,
+                offset={"type": "integer", "description": "first line, from 1"},
+                limit={"type": "integer", "description": f"lines to read, at most {files.READ_LINES}"},
+            ),
+            "read",
+            "path",
+            files.read_file,
+        ),
+        LocalTool("list_dir", "List a directory's entries.", _object([], path=_PATH), "read", "path", files.list_dir),
+        LocalTool(
+            "grep",
+            "Search files for a Python regular expression; prints path:line: text.",
+            _object(
+                ["pattern"],
+                pattern={"type": "string"},
+                path=_PATH,
+                glob={"type": "string", "description": "file name glob, such as *.py"},
+            ),
+            "read",
+            "path",
+            files.grep,
+            walks=True,
+        ),
+        LocalTool(
+            "apply_edit",
+            "Replace the one occurrence of old_text in a file with new_text.",
+            _object(
+                ["path", "old_text", "new_text"], path=_PATH, old_text={"type": "string"}, new_text={"type": "string"}
+            ),
+            "write",
+            "path",
+            files.apply_edit,
+        ),
+        LocalTool(
+            "write_file",
+            "Create or overwrite a text file.",
+            _object(["path", "content"], path=_PATH, content={"type": "string"}),
+            "write",
+            "path",
+            files.write_file,
+        ),
+        LocalTool(
+            "run_command",
+            "Run a bash command in the working directory; prints its exit code and output.",
+            _object(
+                ["command"],
+                command={"type": "string"},
+                timeout_s={"type": "integer", "description": f"default {shell.DEFAULT_TIMEOUT_S}"},
+            ),
+            "command",
+            "command",
+            shell.run_command,
+        ),
+    ]
+}
 
 
 def schemas() -> list[dict]:

@@ -155,8 +155,9 @@ def _size(path: Path) -> str:
 
 
 @file_tool
-def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*",
-         check: Callable[[Path], str] | None = None) -> str:  # fmt: skip
+def grep(
+    workdir: Path, pattern: str, path: str = ".", glob: str = "*", check: Callable[[Path], str] | None = None
+) -> str:
     """check(resolved file) -> "allow" | "ask" | "deny" decides each file; without one, a file is
     searched if it lies in the working directory or the searched path, wherever its links lead."""
     try:
@@ -213,8 +214,10 @@ def grep(workdir: Path, pattern: str, path: str = ".", glob: str = "*",
         summary += f"; {denied} files not searched: the permission rules deny them"
     if held_back:
         named = ", ".join(held_back[:NAMED_FILES]) + (", ..." if len(held_back) > NAMED_FILES else "")
-        summary += (f"; {len(held_back)} files not searched without the person's consent (links out of the searched "
-                    f"path, or rules that ask): {named}; read_file asks for them")  # fmt: skip
+        summary += (
+            f"; {len(held_back)} files not searched without the person's consent (links out of the searched "
+            f"path, or rules that ask): {named}; read_file asks for them"
+        )
     if unreadable:
         named = ", ".join(unreadable[:NAMED_FILES]) + (", ..." if len(unreadable) > NAMED_FILES else "")
         summary += f"; {len(unreadable)} files or folders could not be read: {named}"

@@ -153,8 +153,6 @@ def _assignment(word: str) -> bool:
     return bool(equals) and name.isidentifier()
 
 
-
-
 @dataclass(frozen=True)
 class Decision:
     action: str  # allow | ask | deny
@@ -195,8 +193,9 @@ class Permissions:
             return Decision("allow", "a read inside the working directory")
         return Decision("ask", "outside the working directory" if reads else "writes and commands ask first")
 
-    def file_check(self, tool: str, workdir: Path, root: Path, *, root_approved: bool,
-                   always: list[str] = ()) -> Callable[[Path], str]:  # fmt: skip
+    def file_check(
+        self, tool: str, workdir: Path, root: Path, *, root_approved: bool, always: list[str] = ()
+    ) -> Callable[[Path], str]:
         """How a tool that reads many files (grep) treats each one it reaches, given as a resolved path:
         "allow" (read it), "deny", or "ask" (not read; the result names it, read_file then asks).
 
@@ -210,8 +209,9 @@ class Permissions:
         def check(target: Path) -> str:
             inside = target.is_relative_to(workdir)
             subject = display(workdir, target)
-            decisions = [self.decide(name, subject, reads=True, inside=inside, always=always)
-                         for name in (tool, "read_file")]  # fmt: skip
+            decisions = [
+                self.decide(name, subject, reads=True, inside=inside, always=always) for name in (tool, "read_file")
+            ]
             if any(d.action == "deny" for d in decisions):
                 return "deny"
             if decisions[0].action == "ask" and root_approved and target.is_relative_to(root):
@@ -227,8 +227,9 @@ def _check_private(path: Path) -> None:
     if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
         raise ValueError(f"the file belongs to another user (uid {info.st_uid})")
     if os.name == "posix" and info.st_mode & 0o022:
-        raise ValueError(f"other users may write the file (mode {stat.S_IMODE(info.st_mode):o}); check it, then "
-                         "`chmod 600` it")  # fmt: skip
+        raise ValueError(
+            f"other users may write the file (mode {stat.S_IMODE(info.st_mode):o}); check it, then `chmod 600` it"
+        )
 
 
 def parse_rules(document: dict) -> list[Rule]:

@@ -41,9 +41,15 @@ async def run_command(workdir: Path, command: str, timeout_s: int = DEFAULT_TIME
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise ToolError(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S}]")
     process = await asyncio.create_subprocess_exec(
-        "bash", "-c", command, cwd=workdir, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        "bash",
+        "-c",
+        command,
+        cwd=workdir,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
     output = Output()
 
     async def drain() -> None:

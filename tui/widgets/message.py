@@ -27,8 +27,17 @@ STATE_NOTES = {
 
 
 class MessageView(Vertical):
-    def __init__(self, role: str, text: str = "", *, attachments: list[dict] = (), stats: dict | None = None,
-                 state: str = "done", error: str | None = None, message_id: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        role: str,
+        text: str = "",
+        *,
+        attachments: list[dict] = (),
+        stats: dict | None = None,
+        state: str = "done",
+        error: str | None = None,
+        message_id: int | None = None,
+    ):
         super().__init__(classes=role)
         self.role, self.text, self.message_id = role, text, message_id
         self.attachments, self.stats, self.state, self.error = list(attachments), stats or {}, state, error
@@ -37,8 +46,11 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(WHO.get(self.role, self.role), classes="who")
         if self.attachments:
-            yield Static("  ".join(f"📎 {a['path']} ({len(a['text'].splitlines())} lines)" for a in self.attachments),
-                         classes="attachments", markup=False)  # fmt: skip
+            yield Static(
+                "  ".join(f"📎 {a['path']} ({len(a['text'].splitlines())} lines)" for a in self.attachments),
+                classes="attachments",
+                markup=False,
+            )
         yield Markdown(self.text)
         yield Static(self._footer(), classes="footer", markup=False)
 
@@ -53,8 +65,9 @@ class MessageView(Vertical):
         self.text += fragment
         await self._stream.write(fragment)
 
-    async def finish(self, text: str, *, stats: dict | None = None, state: str = "done",
-                     error: str | None = None) -> None:  # fmt: skip
+    async def finish(
+        self, text: str, *, stats: dict | None = None, state: str = "done", error: str | None = None
+    ) -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None

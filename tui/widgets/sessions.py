@@ -50,10 +50,14 @@ class SessionsScreen(Screen[int | None]):
             if session.id == self.current:
                 title = f"● {title}"
             table.add_row(
-                str(session.id), _clip(title, 40), str(session.message_count), "agent" if session.agent else "chat",
-                time.strftime("%Y-%m-%d %H:%M", time.localtime(session.updated)), _clip(_short(session.workdir), 30),
+                str(session.id),
+                _clip(title, 40),
+                str(session.message_count),
+                "agent" if session.agent else "chat",
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(session.updated)),
+                _clip(_short(session.workdir), 30),
                 key=str(session.id),
-            )  # fmt: skip
+            )
         empty = self.query_one("#empty", Static)
         empty.update("No sessions yet: Esc, then type a message.")
         empty.display = not sessions

@@ -33,9 +33,11 @@ class ToolCallView(Collapsible):
         self.call, self.result = call, result
         status = "running" if result is None else result_status(result)
         super().__init__(
-            Markdown(self._body(), classes="tool-body"), title=self._heading(status), collapsed=result is not None,
+            Markdown(self._body(), classes="tool-body"),
+            title=self._heading(status),
+            collapsed=result is not None,
             classes=status,
-        )  # fmt: skip
+        )
 
     def _heading(self, status: str) -> str:
         return f"{ICONS[status]} {self.call.name}  {call_summary(self.call)}"

@@ -1,6 +1,6 @@
 """Stock levels from a CSV of movements (date, sku, quantity, note), and the items to reorder.
 
-    python inventory.py movements.csv --reorder-below 10
+python inventory.py movements.csv --reorder-below 10
 """
 
 from __future__ import annotations
@@ -92,8 +92,7 @@ def report(items: dict[str, Item], threshold: int) -> str:
     for item in sorted(items.values(), key=lambda i: i.sku):
         flag = "  <- reorder" if item.on_hand < threshold else ""
         lines.append(
-            f"{item.sku:<{width}}  {item.on_hand:>7}  {item.received:>8}  {item.shipped:>7}  "
-            f"{item.last_movement}{flag}"
+            f"{item.sku:<{width}}  {item.on_hand:>7}  {item.received:>8}  {item.shipped:>7}  {item.last_movement}{flag}"
         )
     return "\n".join(lines)
 

@@ -29,8 +29,10 @@ class Tool:
 
     def openai(self) -> dict:
         """The OpenAI function-tool shape chat templates expect."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}  # fmt: skip
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass

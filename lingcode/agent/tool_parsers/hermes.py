@@ -72,15 +72,20 @@ def tool_call_grammar(tools: list[Tool], parallel: bool) -> str:
     """Calls of these tools only, one or more (one if not parallel), with schema-valid arguments (Lark)."""
     call = {
         "anyOf": [
-            {"type": "object",
-             "properties": {"name": {"const": t.name}, "arguments": closed(t.parameters or {"type": "object"})},
-             "required": ["name", "arguments"], "additionalProperties": False}
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": closed(t.parameters or {"type": "object"})},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
             for t in tools
         ],
         "x-guidance": JSON_STYLE,
-    }  # fmt: skip
-    return "\n".join([
-        'start: call ("\\n" call)*' if parallel else "start: call",
-        f"call: {lark_literal(HermesParser.OPEN)} body {lark_literal(HermesParser.CLOSE)}",
-        f"body: %json {json.dumps(call)}",
-    ])  # fmt: skip
+    }
+    return "\n".join(
+        [
+            'start: call ("\\n" call)*' if parallel else "start: call",
+            f"call: {lark_literal(HermesParser.OPEN)} body {lark_literal(HermesParser.CLOSE)}",
+            f"body: %json {json.dumps(call)}",
+        ]
+    )

@@ -77,11 +77,13 @@ def tool_call_grammar(tools: list[Tool], parallel: bool) -> str:
     the declared properties in schema order, the required ones present; a string is raw text up to
     </arg_value>, any other value JSON valid against its schema. At most one whitespace character
     between the tags."""
-    rules = ['start: call ("\\n" call)*' if parallel else "start: call",
-             "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
-             "ws: /[ \\n\\r\\t]/",
-             'text[stop="</arg_value>"]: /(?s:.*)/',  # the stop string is consumed with the text
-             'any_key: /[a-zA-Z_][a-zA-Z0-9_]*/']  # fmt: skip
+    rules = [
+        'start: call ("\\n" call)*' if parallel else "start: call",
+        "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+        "ws: /[ \\n\\r\\t]/",
+        'text[stop="</arg_value>"]: /(?s:.*)/',  # the stop string is consumed with the text
+        "any_key: /[a-zA-Z_][a-zA-Z0-9_]*/",
+    ]
     for i, tool in enumerate(tools):
         schema = tool.parameters or {"type": "object"}
         properties = schema.get("properties") or {}

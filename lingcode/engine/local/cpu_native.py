@@ -60,8 +60,13 @@ def load() -> ModuleType | None:
 def build_directory() -> Path:
     """Where these sources, built with these flags for this torch and this CPU, live."""
     key = hashlib.sha256()
-    for part in (*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(compiler_flags()).encode(),
-                 torch.__version__.encode(), platform.machine().encode(), _cpu_flags().encode()):  # fmt: skip
+    for part in (
+        *(p.read_bytes() for p in SOURCES + HEADERS),
+        " ".join(compiler_flags()).encode(),
+        torch.__version__.encode(),
+        platform.machine().encode(),
+        _cpu_flags().encode(),
+    ):
         key.update(part + b"\0")
     return paths.native_dir() / "cpu_native" / key.hexdigest()[:16]
 
@@ -89,8 +94,9 @@ def _build() -> ModuleType | None:
         spec.loader.exec_module(module)  # registers lingcode::decode_attention too
     except Exception as e:  # no compiler, no ninja, a build error: torch's kernels still work
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        log.warning("lingcode's native CPU code could not be built (%s); using torch's kernels and an f32 KV cache",
-                    first_line)  # fmt: skip
+        log.warning(
+            "lingcode's native CPU code could not be built (%s); using torch's kernels and an f32 KV cache", first_line
+        )
         return None
 
     @torch.library.register_fake("lingcode::decode_attention")
@@ -112,9 +118,16 @@ def _compile(where: Path) -> None:
     if lock.exists() and time.time() - lock.stat().st_mtime > 600:
         lock.unlink(missing_ok=True)
     log.info("building lingcode's native CPU code in %s (once)", where)
-    cpp_extension.load(name=NAME, sources=[str(p) for p in SOURCES], extra_cflags=compiler_flags(),
-                       extra_ldflags=["-fopenmp"], extra_include_paths=[str(HERE)], build_directory=str(where),
-                       is_python_module=True, verbose=False)  # fmt: skip
+    cpp_extension.load(
+        name=NAME,
+        sources=[str(p) for p in SOURCES],
+        extra_cflags=compiler_flags(),
+        extra_ldflags=["-fopenmp"],
+        extra_include_paths=[str(HERE)],
+        build_directory=str(where),
+        is_python_module=True,
+        verbose=False,
+    )
 
 
 def _tighten(where: Path) -> None:

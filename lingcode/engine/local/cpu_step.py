@@ -45,8 +45,10 @@ def unavailable(checkpoint: Checkpoint) -> str | None:
             return f"no {name} in the file"
         t = stored[name]
         if t.type not in NATIVE_TYPES or t.rows % 16 or t.cols % BLOCK_WEIGHTS[t.type]:
-            return (f"{name} is stored as ggml type {t.type} with {t.rows} rows; the native "
-                    f"step reads {', '.join(NATIVE_TYPES.values())} in multiples of 16 rows")  # fmt: skip
+            return (
+                f"{name} is stored as ggml type {t.type} with {t.rows} rows; the native "
+                f"step reads {', '.join(NATIVE_TYPES.values())} in multiples of 16 rows"
+            )
     if cpu_native.load() is None:
         return "lingcode's native CPU code is not built (see the log above)"
     return None
@@ -73,20 +75,39 @@ def build(checkpoint: Checkpoint, model: Transformer):
         return stored[names[0]].cols, parts
 
     specs = [matrix("tok_embeddings" if cfg.tied_embeddings else "output")]
-    specs += [matrix(*names) for i in range(cfg.n_layers)
-              for names in ((f"layers.{i}.wq", f"layers.{i}.wk", f"layers.{i}.wv"), (f"layers.{i}.wo",),
-                            (f"layers.{i}.w_gate", f"layers.{i}.w_up"), (f"layers.{i}.w_down",))]  # fmt: skip
+    specs += [
+        matrix(*names)
+        for i in range(cfg.n_layers)
+        for names in (
+            (f"layers.{i}.wq", f"layers.{i}.wk", f"layers.{i}.wv"),
+            (f"layers.{i}.wo",),
+            (f"layers.{i}.w_gate", f"layers.{i}.w_up"),
+            (f"layers.{i}.w_down",),
+        )
+    ]
     matrices = lib.load_matrices(path, specs)  # one block of memory for all of them
     head = matrices.pop(0)
     t = stored["tok_embeddings"]  # untied: its rows are read from the file as tokens come
     embedding = None if cfg.tied_embeddings else (path, t.type, t.offset, t.rows, t.cols)
-    step = lib.Step(cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.norm_eps, model.max_len,
-                    model.inv_freq, model.norm.weight, head, embedding)  # fmt: skip
+    step = lib.Step(
+        cfg.dim,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.ffn_dim,
+        cfg.norm_eps,
+        model.max_len,
+        model.inv_freq,
+        model.norm.weight,
+        head,
+        embedding,
+    )
     empty = torch.empty(0)
     for i, layer in enumerate(model.layers):
         attn, cache = layer.attn, layer.attn.kv_cache
         bias = attn.wqkv.bias if attn.wqkv.bias is not None else empty
         norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (empty, empty)
-        step.add_layer(layer.attn_norm.weight, layer.ffn_norm.weight, bias, *norms, *matrices[4 * i : 4 * i + 4],
-                       cache.k, cache.v)  # fmt: skip
+        step.add_layer(
+            layer.attn_norm.weight, layer.ffn_norm.weight, bias, *norms, *matrices[4 * i : 4 * i + 4], cache.k, cache.v
+        )
     return step

@@ -24,7 +24,12 @@ class GraphRunner:
     """Static input buffers, captured graphs, and their static logits outputs."""
 
     def __init__(
-        self, model: Transformer, widths=WIDTHS, buckets=BUCKETS, compile: bool = False, kernels: str = "torch",
+        self,
+        model: Transformer,
+        widths=WIDTHS,
+        buckets=BUCKETS,
+        compile: bool = False,
+        kernels: str = "torch",
         triton_options: dict | None = None,
     ):  # triton_options: TritonStep's keyword arguments (pdl, rows), for benchmarks and tests
         if kernels not in ("torch", "triton"):

@@ -28,15 +28,28 @@ from typing import AsyncIterator
 import torch
 
 from lingcode.engine import (
-    CPU_STREAM_INTERVAL_S, STREAM_INTERVAL_S, ChunkChannel, ContextOverflow, EngineError, ModelInfo, SamplingParams,
-    TokenChunk, common_prefix, handed_over,
+    CPU_STREAM_INTERVAL_S,
+    STREAM_INTERVAL_S,
+    ChunkChannel,
+    ContextOverflow,
+    EngineError,
+    ModelInfo,
+    SamplingParams,
+    TokenChunk,
+    common_prefix,
+    handed_over,
 )
 from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore
 from lingcode.engine.local.model import Transformer
 from lingcode.engine.local.sampling import sample
 from lingcode.engine.local.speculative import (
-    DraftLength, Drafter, EarlyExitDrafter, NGramDrafter, verify_greedy, verify_sampled,
-)  # fmt: skip
+    DraftLength,
+    Drafter,
+    EarlyExitDrafter,
+    NGramDrafter,
+    verify_greedy,
+    verify_sampled,
+)
 from lingcode.engine.local.steps import pick_step
 from lingcode.engine.local.weights import Checkpoint
 
@@ -126,10 +139,18 @@ def _finish(done: asyncio.Future) -> None:
 
 class LocalEngine:
     def __init__(
-        self, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype, speculation: str = "ngram",
-        cuda_graphs: bool = True, compile: bool = False, kv_store_bytes: int = KV_STORE_BYTES, kernels: str = "auto",
-        model: Transformer | None = None, step_cost: dict | None = None,
-    ):  # fmt: skip
+        self,
+        checkpoint: Checkpoint,
+        device: torch.device,
+        dtype: torch.dtype,
+        speculation: str = "ngram",
+        cuda_graphs: bool = True,
+        compile: bool = False,
+        kv_store_bytes: int = KV_STORE_BYTES,
+        kernels: str = "auto",
+        model: Transformer | None = None,
+        step_cost: dict | None = None,
+    ):
         """model: one build_model() made from this checkpoint already (a prepared one, mapped from the
         cache); step_cost: what measure_step_costs() measured for it before."""
         cfg = checkpoint.config
@@ -146,10 +167,13 @@ class LocalEngine:
         # Every wake-up of the event loop (detokenize, parsers, an SSE frame, the client reading it)
         # takes a core from the step's threads when they use every core (the CPU), and the other
         # thread then waits at its barrier: wake it less often there (docs/engine-notes.md).
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+        cores = (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )  # macOS: no affinity
         all_cores = device.type == "cpu" and torch.get_num_threads() >= cores
         self.stream_interval_s = float(os.environ.get("LINGCODE_STREAM_INTERVAL_MS", 0)) / 1e3 or (
-            CPU_STREAM_INTERVAL_S if all_cores else STREAM_INTERVAL_S)  # fmt: skip
+            CPU_STREAM_INTERVAL_S if all_cores else STREAM_INTERVAL_S
+        )
         self.hand_over_first = all_cores  # ChunkChannel: the loop gets a core for the first token
         # A stream's head goes out once the engine has the request, and the client reads it while the
         # first step runs; where the step uses every core that reading slows the step as much.
@@ -164,19 +188,38 @@ class LocalEngine:
             chat_template=checkpoint.chat_template,
             bos_token=checkpoint.bos_token,
             eos_token=checkpoint.eos_token,
-            extra={"engine": "local", "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-                   "kv_cache_dtype": str(self.model.layers[0].attn.kv_cache.k.dtype).removeprefix("torch."),
-                   "speculation": speculation, "kernels": kernels, "step": self.step.name},  # fmt: skip
+            extra={
+                "engine": "local",
+                "device": str(device),
+                "dtype": str(dtype).removeprefix("torch."),
+                "kv_cache_dtype": str(self.model.layers[0].attn.kv_cache.k.dtype).removeprefix("torch."),
+                "speculation": speculation,
+                "kernels": kernels,
+                "step": self.step.name,
+            },
         )
         self._worker = Worker()
         self._requests: dict[str, _Request] = {}
         self._cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.kv_store = PrefixStore(kv_store_bytes)
         self._counters = dict.fromkeys(
-            ("requests", "finished", "aborted", "errors", "prompt_tokens", "cached_tokens",
-             "prefilled_tokens", "generated_tokens", "forward_passes", "decode_steps", "draft_tokens",
-             "accepted_draft_tokens", "host_waits"), 0
-        )  # fmt: skip
+            (
+                "requests",
+                "finished",
+                "aborted",
+                "errors",
+                "prompt_tokens",
+                "cached_tokens",
+                "prefilled_tokens",
+                "generated_tokens",
+                "forward_passes",
+                "decode_steps",
+                "draft_tokens",
+                "accepted_draft_tokens",
+                "host_waits",
+            ),
+            0,
+        )
         self._last: dict = {}
         self._running: str | None = None
         self._ngram = NGramDrafter()  # used by one request at a time: the worker thread's
@@ -224,8 +267,9 @@ class LocalEngine:
         self._start(request_id, input_ids, params, emit, lambda: done.set_result(None))
         return done
 
-    def _start(self, request_id: str, input_ids: list[int], params: SamplingParams, emit,
-               finished: Callable[[], None]) -> None:  # fmt: skip
+    def _start(
+        self, request_id: str, input_ids: list[int], params: SamplingParams, emit, finished: Callable[[], None]
+    ) -> None:
         req = self._admit(request_id, input_ids, params, emit)
 
         def job() -> None:
@@ -275,8 +319,13 @@ class LocalEngine:
         return STREAM_INTERVAL_S if params.text_ends else self.stream_interval_s
 
     def stats(self) -> dict:
-        return {**self._counters, "running": self._running, "cached_context_tokens": len(self._cached_ids),
-                "last_request": dict(self._last), "kv_store": self.kv_store.stats()}  # fmt: skip
+        return {
+            **self._counters,
+            "running": self._running,
+            "cached_context_tokens": len(self._cached_ids),
+            "last_request": dict(self._last),
+            "kv_store": self.kv_store.stats(),
+        }
 
     async def close(self) -> None:
         for req in list(self._requests.values()):
@@ -340,10 +389,17 @@ class LocalEngine:
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-        run = _Run(req, cached, max_new=max_new,
-                   stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.info.eos_token_ids)),
-                   generator=generator, drafter=self._drafter(params))  # fmt: skip
+            generator.manual_seed(
+                params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            )
+        run = _Run(
+            req,
+            cached,
+            max_new=max_new,
+            stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.info.eos_token_ids)),
+            generator=generator,
+            drafter=self._drafter(params),
+        )
         _time_first_chunk(run)
         if run.drafter is not None:
             run.drafter.start(ids)
@@ -450,17 +506,24 @@ class LocalEngine:
         counters["draft_tokens"] += run.drafted
         counters["accepted_draft_tokens"] += run.accepted
         self._last = {
-            "request_id": req.request_id, "prompt_tokens": len(ids), "cached_tokens": run.cached,
-            "prefilled_tokens": len(ids) - run.cached, "generated_tokens": generated, "finish_reason": finish,
-            "steps_after_abort": req.steps_after_abort, "prefill_ms": round(run.prefill_ms, 3),
-            "decode_ms": round(total_ms - run.prefill_ms, 3), "decode_steps": steps,
-            "draft_tokens": run.drafted, "accepted_draft_tokens": run.accepted,
+            "request_id": req.request_id,
+            "prompt_tokens": len(ids),
+            "cached_tokens": run.cached,
+            "prefilled_tokens": len(ids) - run.cached,
+            "generated_tokens": generated,
+            "finish_reason": finish,
+            "steps_after_abort": req.steps_after_abort,
+            "prefill_ms": round(run.prefill_ms, 3),
+            "decode_ms": round(total_ms - run.prefill_ms, 3),
+            "decode_steps": steps,
+            "draft_tokens": run.drafted,
+            "accepted_draft_tokens": run.accepted,
             "accept_length": round((generated - 1) / steps, 3) if steps else None,
             "first_chunk_ms": None if run.first_chunk_ms is None else round(run.first_chunk_ms, 3),
             "admitted_at_ms": round(req.admitted * 1e3, 3),  # perf_counter's clock: every process's here
             "hand_over_ms": None if run.hand_over_ms is None else round(run.hand_over_ms, 3),
             "barrier_sleeps": None if run.barrier_sleeps is None else self._barrier_sleeps() - run.barrier_sleeps,
-        }  # fmt: skip
+        }
 
     def _barrier_sleeps(self) -> int | None:
         """How often the native CPU step's threads have slept at a barrier: a partner came late,
@@ -521,8 +584,10 @@ class LocalEngine:
         """Append the step's tokens up to the first stop token or the length limit."""
         for i, token in enumerate(new):
             generated.append(token)
-            if token in stop_ids or token in params.final_token_ids or (
-                params.constraint is not None and params.constraint.is_terminated()
+            if (
+                token in stop_ids
+                or token in params.final_token_ids
+                or (params.constraint is not None and params.constraint.is_terminated())
             ):
                 return new[: i + 1], "stop"
             if len(generated) >= max_new:
@@ -573,7 +638,9 @@ def _time_first_chunk(run: _Run) -> None:
     req.emit = first
 
 
-def build_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, kernels: str = "torch") -> Transformer:
+def build_model(
+    checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device, kernels: str = "torch"
+) -> Transformer:
     """The checkpoint's weights as the engine runs them on this device with these kernels (no KV cache yet)."""
     native = device.type == "cpu" and kernels == "native"
     model = Transformer.from_weights(checkpoint.config, checkpoint.weights, dtype, device, matrices=not native)
@@ -622,7 +689,7 @@ def step_max_len(step) -> int:
 
 
 def pick_kernels(kernels: str, device: torch.device, cuda_graphs: bool, compile: bool, checkpoint=None) -> str:
-    """"auto": on a GPU the Triton step where it can run (captured graphs on a GPU, Triton
+    """ "auto": on a GPU the Triton step where it can run (captured graphs on a GPU, Triton
     importable, no torch.compile, which is for the torch kernels), else torch; on the CPU the
     native step where it can run (lingcode's native code builds, the model's matrices are in a
     format it reads, no torch.compile), else torch; the reason it cannot is logged."""
@@ -656,7 +723,7 @@ def pick_device(device: str = "auto") -> torch.device:
 
 
 def parse_speculation(spec: str, n_layers: int) -> tuple[str, int]:
-    """"off", "ngram" (prompt lookup) or "early-exit:L" (the target's first L layers as the draft model)."""
+    """ "off", "ngram" (prompt lookup) or "early-exit:L" (the target's first L layers as the draft model)."""
     if spec in ("off", "ngram"):
         return spec, 0
     name, _, layers = spec.partition(":")
@@ -666,8 +733,12 @@ def parse_speculation(spec: str, n_layers: int) -> tuple[str, int]:
 
 
 def load_engine(
-    model_path, device: str = "auto", speculation: str = "ngram", cuda_graphs: bool = True,
-    compile: bool = False, kernels: str = "auto",
+    model_path,
+    device: str = "auto",
+    speculation: str = "ngram",
+    cuda_graphs: bool = True,
+    compile: bool = False,
+    kernels: str = "auto",
 ) -> LocalEngine:
     """Load a GGUF file or Hugging Face directory: bf16 with CUDA graphs on a GPU; on the CPU the
     native step on a GGUF's own blocks, or f32 activations with torch's bf16 and int4 matmuls.
@@ -697,8 +768,9 @@ def load_engine(
     )
     what = f"step_costs threads={torch.get_num_threads()}"
     step_cost = prepared.recall(name, what)
-    engine = LocalEngine(checkpoint, dev, dtype, speculation, cuda_graphs, compile, kernels=chosen, model=model,
-                         step_cost=step_cost)  # fmt: skip
+    engine = LocalEngine(
+        checkpoint, dev, dtype, speculation, cuda_graphs, compile, kernels=chosen, model=model, step_cost=step_cost
+    )
     if step_cost is None and not compile:
         prepared.remember(name, what, engine.step_costs)
     return engine

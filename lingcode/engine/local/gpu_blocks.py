@@ -64,24 +64,34 @@ class BlockFormat:
     def spec(self) -> int:
         """The format as one integer, the kernels' compile-time SPEC (load_weight and gemv_row
         decode its fields; 0 is a dense matrix)."""
-        return (1 + 2 * self.group + 256 * self.hi_bits + 2048 * self.zero + (1 << 20) * self.group_scales
-                + (1 << 21) * self.mins + (1 << 22) * (self.super_ // self.group))  # fmt: skip
+        return (
+            1
+            + 2 * self.group
+            + 256 * self.hi_bits
+            + 2048 * self.zero
+            + (1 << 20) * self.group_scales
+            + (1 << 21) * self.mins
+            + (1 << 22) * (self.super_ // self.group)
+        )
 
     def bits_per_weight(self) -> float:
         scales = 16 * (1 + self.mins) / self.super_ + 8 * self.group_scales * (1 + self.mins) / self.group
         return 4 + self.hi_bits + scales
 
 
-FORMATS = {f.ggml_type: f for f in (
-    BlockFormat("Q4_0", 2, 32, 18, 32, 32, 0, 8),
-    BlockFormat("Q4_1", 3, 32, 20, 32, 32, 0, 0, mins=True),
-    BlockFormat("Q5_0", 6, 32, 22, 32, 32, 1, 16),
-    BlockFormat("Q5_1", 7, 32, 24, 32, 32, 1, 0, mins=True),
-    BlockFormat("Q8_0", 8, 32, 34, 32, 32, 4, 128),
-    BlockFormat("Q4_K", 12, 256, 144, 32, 256, 0, 0, group_scales=True, mins=True),
-    BlockFormat("Q5_K", 13, 256, 176, 32, 256, 1, 0, group_scales=True, mins=True),
-    BlockFormat("Q6_K", 14, 256, 210, 16, 256, 2, 32, group_scales=True),
-)}  # fmt: skip
+FORMATS = {
+    f.ggml_type: f
+    for f in (
+        BlockFormat("Q4_0", 2, 32, 18, 32, 32, 0, 8),
+        BlockFormat("Q4_1", 3, 32, 20, 32, 32, 0, 0, mins=True),
+        BlockFormat("Q5_0", 6, 32, 22, 32, 32, 1, 16),
+        BlockFormat("Q5_1", 7, 32, 24, 32, 32, 1, 0, mins=True),
+        BlockFormat("Q8_0", 8, 32, 34, 32, 32, 4, 128),
+        BlockFormat("Q4_K", 12, 256, 144, 32, 256, 0, 0, group_scales=True, mins=True),
+        BlockFormat("Q5_K", 13, 256, 176, 32, 256, 1, 0, group_scales=True, mins=True),
+        BlockFormat("Q6_K", 14, 256, 210, 16, 256, 2, 32, group_scales=True),
+    )
+}
 BY_NAME = {f.name: f for f in FORMATS.values()}
 DENSE = 0  # the spec of a dense matrix: the model's own rows
 
@@ -342,8 +352,7 @@ def _matmul(a, w):
 
 
 @triton.jit
-def load_weight(q_ptr, qh_ptr, d_ptr, s_ptr, rows, rows_ok, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPEC: tl.constexpr):  # fmt: skip
+def load_weight(q_ptr, qh_ptr, d_ptr, s_ptr, rows, rows_ok, K: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr):
     """Rows `rows` of a matrix (zero where not rows_ok), as gemv_row takes them: dense, its rows
     [BLOCK_N, BLOCK_K] (four times); packed, (low code words [BLOCK_N, G, WPG], high ones, d * sc
     and the offset dmin * m [BLOCK_N, G, 1] in f32), G = BLOCK_K / group (a power of two >= the
@@ -397,9 +406,26 @@ def _codes(lo, hi, w, i: tl.constexpr, WPG: tl.constexpr, HI_BITS: tl.constexpr,
 
 
 @triton.jit
-def gemv_row(x_ptr, m, m_ok, norm_ptr, eps, a_lo, a_hi, a_scale, a_offset, b_lo, b_hi, b_scale, b_offset,
-             K: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr, NORM: tl.constexpr,
-             TWO: tl.constexpr):  # fmt: skip
+def gemv_row(
+    x_ptr,
+    m,
+    m_ok,
+    norm_ptr,
+    eps,
+    a_lo,
+    a_hi,
+    a_scale,
+    a_offset,
+    b_lo,
+    b_hi,
+    b_scale,
+    b_offset,
+    K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPEC: tl.constexpr,
+    NORM: tl.constexpr,
+    TWO: tl.constexpr,
+):
     """Row m of x [*, K] (rms-normed by norm_ptr's weights first if NORM, rounded to x's dtype like
     torch) times the rows of matrix a, and of matrix b if TWO (the same format: the input is loaded
     once for both), as load_weight holds them: [1, BLOCK_N] fp32 each (b's is a's if not TWO)."""

@@ -82,7 +82,9 @@ class PrefixStore:
         key = tuple(ids)
         if key in self._entries:  # checked first: a prompt asked again after a long answer lands here each time
             return
-        if len(key) * _per_token_bytes(caches) > self.max_bytes - (self._entries[keep].bytes if keep in self._entries else 0):
+        if len(key) * _per_token_bytes(caches) > self.max_bytes - (
+            self._entries[keep].bytes if keep in self._entries else 0
+        ):
             return  # it could not be kept whole
         for old in [k for k in self._entries if len(k) < len(key) and key[: len(k)] == k and k != keep]:
             self._drop(old)  # this one extends it
@@ -119,9 +121,14 @@ class PrefixStore:
         # Read on the daemon's event loop while the engine's thread saves and evicts: the entries
         # taken at once (one C call, which no other thread interrupts), then counted.
         entries = list(self._entries.values())
-        return {**self.counters, "entries": len(entries), "tokens": sum(len(e.key) for e in entries),
-                "resident_tokens": sum(len(e.key) - e.copied for e in entries),
-                "bytes": sum(e.bytes for e in entries), "max_bytes": self.max_bytes}  # fmt: skip
+        return {
+            **self.counters,
+            "entries": len(entries),
+            "tokens": sum(len(e.key) for e in entries),
+            "resident_tokens": sum(len(e.key) - e.copied for e in entries),
+            "bytes": sum(e.bytes for e in entries),
+            "max_bytes": self.max_bytes,
+        }
 
     # --- internals ----------------------------------------------------------------------------
 

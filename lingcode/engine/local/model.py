@@ -203,16 +203,19 @@ class Transformer(nn.Module):
         self.int4_matmuls = False  # every CPU matmul has the file's 4-bit codes for narrow steps (use_cpu_matmuls)
 
     @classmethod
-    def from_weights(cls, cfg: ModelConfig, weights: Mapping[str, Tensor], dtype, device,
-                     matrices: bool = True) -> "Transformer":  # fmt: skip
+    def from_weights(
+        cls, cfg: ModelConfig, weights: Mapping[str, Tensor], dtype, device, matrices: bool = True
+    ) -> "Transformer":
         """matrices=False: the matrices and embeddings left empty, never read from `weights` (the
         native step reads the file's blocks itself; forward() cannot run)."""
         with torch.device("meta"):
             model = cls(cfg)
         arch = cfg.architecture
         state = {"norm.weight": weights["norm"]}
-        matrix = {"tok_embeddings.weight": ("tok_embeddings",),
-                  "output.weight": ("tok_embeddings" if cfg.tied_embeddings else "output",)}  # fmt: skip
+        matrix = {
+            "tok_embeddings.weight": ("tok_embeddings",),
+            "output.weight": ("tok_embeddings" if cfg.tied_embeddings else "output",),
+        }
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
             w = lambda name: weights[p + name]  # noqa: E731
@@ -242,8 +245,12 @@ class Transformer(nn.Module):
     def use_cpu_matmuls(self, q4: dict[str, list[Q4Weight]]) -> None:
         """CPU: every matmul in bf16 (oneDNN/AMX), narrow ones (decode, verify) on the file's Q4_1
         codes where it has them; see quantized.py for why and the measurements."""
-        fused = {"attn.wqkv": ("wq", "wk", "wv"), "attn.wo": ("wo",),
-                 "ffn.w_gate_up": ("w_gate", "w_up"), "ffn.w_down": ("w_down",)}  # fmt: skip
+        fused = {
+            "attn.wqkv": ("wq", "wk", "wv"),
+            "attn.wo": ("wo",),
+            "ffn.w_gate_up": ("w_gate", "w_up"),
+            "ffn.w_down": ("w_down",),
+        }
         self.int4_matmuls = "output" in q4
         for i, layer in enumerate(self.layers):
             for path, names in fused.items():
@@ -274,8 +281,7 @@ class Transformer(nn.Module):
             transposed_keys = weight.device.type == "cpu"
         dtype = (self.kv_dtype if transposed_keys else None) or weight.dtype  # cpu_attention reads keys position-last
         for layer in self.layers:
-            layer.attn.kv_cache = KVCache(max_len, cfg.n_kv_heads, cfg.head_dim, dtype, weight.device,
-                                          transposed_keys)  # fmt: skip
+            layer.attn.kv_cache = KVCache(max_len, cfg.n_kv_heads, cfg.head_dim, dtype, weight.device, transposed_keys)
         self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
         if self.rope_tables:
             angles = torch.outer(torch.arange(max_len, dtype=torch.float32), self.inv_freq)

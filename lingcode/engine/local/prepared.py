@@ -51,7 +51,9 @@ def file_sha256(path: Path) -> str:
         return known[key]
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    known = {k: v for k, v in known.items() if not k.startswith(f"{path.resolve()}|")} if isinstance(known, dict) else {}
+    known = (
+        {k: v for k, v in known.items() if not k.startswith(f"{path.resolve()}|")} if isinstance(known, dict) else {}
+    )
     _write_atomic(memo, json.dumps({**known, key: digest}, indent=1).encode())
     return digest
 

@@ -44,8 +44,14 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from lingcode.engine import (
-    EngineError, ModelInfo, SamplingParams, TokenChunk, common_prefix, handed_over, merge_chunks,
-)  # fmt: skip
+    EngineError,
+    ModelInfo,
+    SamplingParams,
+    TokenChunk,
+    common_prefix,
+    handed_over,
+    merge_chunks,
+)
 
 _HEADER = struct.Struct("!I")
 
@@ -75,8 +81,15 @@ def _recv_blocking(sock: socket.socket) -> tuple:
 class EngineProcess:
     """An Engine whose model runs in a child process (start() loads it there)."""
 
-    def __init__(self, process: subprocess.Popen, sock: socket.socket, control: socket.socket, info: ModelInfo,
-                 stats: dict, head_early: bool):  # fmt: skip
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        sock: socket.socket,
+        control: socket.socket,
+        info: ModelInfo,
+        stats: dict,
+        head_early: bool,
+    ):
         self.process, self.info = process, info
         self._sock, self._control = sock, control
         self._buffer = b""
@@ -97,8 +110,9 @@ class EngineProcess:
         control, their_control = socket.socketpair()
         args = json.dumps({"model_path": str(model_path), **load_args})
         fds = (theirs.fileno(), their_control.fileno())
-        process = subprocess.Popen([sys.executable, "-m", "lingcode.engine.local.process", *map(str, fds), args],
-                                   pass_fds=fds)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "lingcode.engine.local.process", *map(str, fds), args], pass_fds=fds
+        )
         theirs.close()
         their_control.close()
         try:
@@ -118,7 +132,9 @@ class EngineProcess:
 
     # --- the Engine interface -------------------------------------------------------------------
 
-    async def generate(self, request_id: str, input_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenChunk]:
+    async def generate(
+        self, request_id: str, input_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
         if self._gone is not None:
             raise EngineError(self._gone)
         loop = asyncio.get_running_loop()

@@ -86,8 +86,10 @@ class CpuLinear(nn.Module):
         rows = x.numel() // x.shape[-1]
         flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16)
         if self.packed and rows <= MAX_QUANTIZED_ROWS:
-            parts = [torch.ops.aten._weight_int4pack_mm_for_cpu(flat, codes, Q4_GROUP, scale_zero)
-                     for codes, scale_zero in self.packed]  # fmt: skip
+            parts = [
+                torch.ops.aten._weight_int4pack_mm_for_cpu(flat, codes, Q4_GROUP, scale_zero)
+                for codes, scale_zero in self.packed
+            ]
             y = parts[0] if len(parts) == 1 else sum(part.float() for part in parts)
         else:
             y = nn.functional.linear(flat, self.weight)

@@ -185,9 +185,12 @@ def verify_greedy(logits: Tensor, draft: list[int]) -> list[int]:
 
 
 def verify_sampled(
-    logits: Tensor, draft: list[int], draft_probs: Tensor | None, params: SamplingParams,
+    logits: Tensor,
+    draft: list[int],
+    draft_probs: Tensor | None,
+    params: SamplingParams,
     generator: torch.Generator | None,
-) -> list[int]:  # fmt: skip
+) -> list[int]:
     """Rejection sampling: emitted tokens are distributed exactly as plain sampling's."""
     p = target_probs(logits, params)  # [k+1, V]
     out: list[int] = []
@@ -258,8 +261,9 @@ class DraftLength:
 
     def at(self, position: int) -> int:
         """The best draft length for a step fed at `position` (its context length)."""
-        return max(range(self.k_max + 1),
-                   key=lambda k: self._yield[k] / (self.step_cost[k] + self.per_position[k] * position))  # fmt: skip
+        return max(
+            range(self.k_max + 1), key=lambda k: self._yield[k] / (self.step_cost[k] + self.per_position[k] * position)
+        )
 
     def _tokens(self) -> None:
         a = self.rate

@@ -81,8 +81,10 @@ class TorchCpuStep(TorchStep):
         # beside it: there drafting is off, lossless or not at all.
         self.drafts = model.int4_matmuls
         if not self.drafts:
-            log.warning("the torch CPU step on this file's block types: no drafts (its verify steps would not be "
-                        "bit-exact with plain decoding); the native step drafts on every type")  # fmt: skip
+            log.warning(
+                "the torch CPU step on this file's block types: no drafts (its verify steps would not be "
+                "bit-exact with plain decoding); the native step drafts on every type"
+            )
         self.widths = range(1, model.row_exact_rows + 1)
         self.narrow = compile_narrow_step(model) if compile else None
 
@@ -121,8 +123,9 @@ class NativeCpuStep:
         self.widths = range(1, NATIVE_WIDTHS + 1)
 
     def __call__(self, ids: list[int], start: int, all_logits: bool = False, n_layers: int | None = None):
-        return self.native.forward(torch.tensor(ids, dtype=torch.long), start, all_logits,
-                                   -1 if n_layers is None else n_layers)  # fmt: skip
+        return self.native.forward(
+            torch.tensor(ids, dtype=torch.long), start, all_logits, -1 if n_layers is None else n_layers
+        )
 
     def padded_width(self, n: int) -> int:
         return n
@@ -154,14 +157,19 @@ class GraphStep:
             from lingcode.engine.local import gpu_blocks
 
             weights = gpu_blocks.pack_checkpoint(checkpoint, device)
-            log.info("Triton step: %d matrices read as GGUF blocks (%.0f MB)", len(weights),
-                     sum(w.nbytes for w in weights.values()) / 1e6)  # fmt: skip
+            log.info(
+                "Triton step: %d matrices read as GGUF blocks (%.0f MB)",
+                len(weights),
+                sum(w.nbytes for w in weights.values()) / 1e6,
+            )
             options = {"weights": weights}
         self.runner = GraphRunner(model, compile=compile, kernels=kernels, triton_options=options)
         self.name = f"cuda-graphs-{kernels}"
         self.drafts = kernels == "triton"
         if not self.drafts:
-            log.warning("--kernels %s on a GPU: no drafts (its verify steps are not bit-exact with plain decoding)", kernels)
+            log.warning(
+                "--kernels %s on a GPU: no drafts (its verify steps are not bit-exact with plain decoding)", kernels
+            )
         self.widths = self.runner.widths
         self.eager = TorchStep(model, device)
 

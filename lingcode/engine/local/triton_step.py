@@ -146,13 +146,45 @@ def _add_residual(x_ptr, m, m_ok, n, n_ok, acc, D: tl.constexpr):
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_qkv_rope_kernel(
-    x_ptr, norm_ptr, wq, wq_hi, wq_d, wq_s, wk, wk_hi, wk_d, wk_s, wv, wv_hi, wv_d, wv_s,
-    bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-    W, ROWS, max_len, eps,
-    D: tl.constexpr, N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC_Q: tl.constexpr, SPEC_K: tl.constexpr,
-    SPEC_V: tl.constexpr, BIAS: tl.constexpr, QK_NORM: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    norm_ptr,
+    wq,
+    wq_hi,
+    wq_d,
+    wq_s,
+    wk,
+    wk_hi,
+    wk_d,
+    wk_s,
+    wv,
+    wv_hi,
+    wv_d,
+    wv_s,
+    bias_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    W,
+    ROWS,
+    max_len,
+    eps,
+    D: tl.constexpr,
+    N_HEADS: tl.constexpr,
+    N_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPEC_Q: tl.constexpr,
+    SPEC_K: tl.constexpr,
+    SPEC_V: tl.constexpr,
+    BIAS: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):
     """q, k, v of row m of x: the first programs compute q's rows, then k's, then v's (each matrix
     in its own format). bias_ptr: the fused [q; k; v] bias (if BIAS)."""
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -160,24 +192,123 @@ def norm_qkv_rope_kernel(
     PROGRAMS_KV: tl.constexpr = (N_KV_HEADS * HALF + BLOCK_N - 1) // BLOCK_N
     program = tl.program_id(0)
     if program < PROGRAMS_Q:
-        _qkv_part(program, x_ptr, norm_ptr, wq, wq_hi, wq_d, wq_s, bias_ptr, q_norm_ptr, cos_ptr, sin_ptr, pos_ptr,
-                  q_ptr, W, ROWS, max_len, eps, 0, D, N_HEADS, HEAD_DIM, BLOCK_N, BLOCK_K, SPEC_Q, BIAS, QK_NORM)
+        _qkv_part(
+            program,
+            x_ptr,
+            norm_ptr,
+            wq,
+            wq_hi,
+            wq_d,
+            wq_s,
+            bias_ptr,
+            q_norm_ptr,
+            cos_ptr,
+            sin_ptr,
+            pos_ptr,
+            q_ptr,
+            W,
+            ROWS,
+            max_len,
+            eps,
+            0,
+            D,
+            N_HEADS,
+            HEAD_DIM,
+            BLOCK_N,
+            BLOCK_K,
+            SPEC_Q,
+            BIAS,
+            QK_NORM,
+        )
     elif program < PROGRAMS_Q + PROGRAMS_KV:
-        _qkv_part(program - PROGRAMS_Q, x_ptr, norm_ptr, wk, wk_hi, wk_d, wk_s, bias_ptr + N_HEADS * HEAD_DIM,
-                  k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, k_cache_ptr, W, ROWS, max_len, eps, 1, D, N_KV_HEADS,
-                  HEAD_DIM, BLOCK_N, BLOCK_K, SPEC_K, BIAS, QK_NORM)
+        _qkv_part(
+            program - PROGRAMS_Q,
+            x_ptr,
+            norm_ptr,
+            wk,
+            wk_hi,
+            wk_d,
+            wk_s,
+            bias_ptr + N_HEADS * HEAD_DIM,
+            k_norm_ptr,
+            cos_ptr,
+            sin_ptr,
+            pos_ptr,
+            k_cache_ptr,
+            W,
+            ROWS,
+            max_len,
+            eps,
+            1,
+            D,
+            N_KV_HEADS,
+            HEAD_DIM,
+            BLOCK_N,
+            BLOCK_K,
+            SPEC_K,
+            BIAS,
+            QK_NORM,
+        )
     else:
-        _qkv_part(program - PROGRAMS_Q - PROGRAMS_KV, x_ptr, norm_ptr, wv, wv_hi, wv_d, wv_s,
-                  bias_ptr + (N_HEADS + N_KV_HEADS) * HEAD_DIM, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, v_cache_ptr,
-                  W, ROWS, max_len, eps, 2, D, N_KV_HEADS, HEAD_DIM, BLOCK_N, BLOCK_K, SPEC_V, BIAS, QK_NORM)
+        _qkv_part(
+            program - PROGRAMS_Q - PROGRAMS_KV,
+            x_ptr,
+            norm_ptr,
+            wv,
+            wv_hi,
+            wv_d,
+            wv_s,
+            bias_ptr + (N_HEADS + N_KV_HEADS) * HEAD_DIM,
+            k_norm_ptr,
+            cos_ptr,
+            sin_ptr,
+            pos_ptr,
+            v_cache_ptr,
+            W,
+            ROWS,
+            max_len,
+            eps,
+            2,
+            D,
+            N_KV_HEADS,
+            HEAD_DIM,
+            BLOCK_N,
+            BLOCK_K,
+            SPEC_V,
+            BIAS,
+            QK_NORM,
+        )
 
 
 @triton.jit
 def _qkv_part(
-    program, x_ptr, norm_ptr, w, w_hi, w_d, w_s, bias_ptr, head_norm_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr,
-    W, ROWS, max_len, eps, PART: tl.constexpr, D: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr, BIAS: tl.constexpr, QK_NORM: tl.constexpr,
-):  # fmt: skip
+    program,
+    x_ptr,
+    norm_ptr,
+    w,
+    w_hi,
+    w_d,
+    w_s,
+    bias_ptr,
+    head_norm_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    out_ptr,
+    W,
+    ROWS,
+    max_len,
+    eps,
+    PART: tl.constexpr,
+    D: tl.constexpr,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPEC: tl.constexpr,
+    BIAS: tl.constexpr,
+    QK_NORM: tl.constexpr,
+):
     """PART 0 (q: to out [W, HEADS * HEAD_DIM]), 1 (k) or 2 (v: into the cache out [HEADS, max_len,
     HEAD_DIM] at the row's position). A program owns BLOCK_N row pairs (j, j + HEAD_DIM/2) of some
     heads: the two halves that rotate-half RoPE mixes, so RoPE fits in the epilogue; with QK_NORM
@@ -203,8 +334,26 @@ def _qkv_part(
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
         pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
-        lo, hi = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, lo_q, lo_qh, lo_scale, lo_offset, hi_q, hi_qh, hi_scale,
-                          hi_offset, D, BLOCK_K, SPEC, True, True)  # [1, BLOCK_N] each
+        lo, hi = gemv_row(
+            x_ptr,
+            m,
+            m_ok,
+            norm_ptr,
+            eps,
+            lo_q,
+            lo_qh,
+            lo_scale,
+            lo_offset,
+            hi_q,
+            hi_qh,
+            hi_scale,
+            hi_offset,
+            D,
+            BLOCK_K,
+            SPEC,
+            True,
+            True,
+        )  # [1, BLOCK_N] each
         if BIAS:
             lo += bias_lo
             hi += bias_hi
@@ -221,8 +370,10 @@ def _qkv_part(
             sin_lo = tl.load(sin_ptr + angle).to(tl.float32)
             cos_hi = tl.load(cos_ptr + angle + HALF).to(tl.float32)
             sin_hi = tl.load(sin_ptr + angle + HALF).to(tl.float32)
-            lo, hi = (_round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype),
-                      _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype))
+            lo, hi = (
+                _round(lo * cos_lo, dtype) - _round(hi * sin_lo, dtype),
+                _round(hi * cos_hi, dtype) + _round(lo * sin_hi, dtype),
+            )
         if PART == 0:
             at = out_ptr + m[:, None] * (HEADS * HEAD_DIM) + row_lo[None, :]
         else:
@@ -234,11 +385,29 @@ def _qkv_part(
 
 @triton.jit
 def attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, done_ptr,
-    W, max_len, kv_len, split_len, splits, scale,
-    N_HEADS: tl.constexpr, N_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, MAX_SPLITS: tl.constexpr, MAX_TOKENS: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    pos_ptr,
+    part_o_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    out_ptr,
+    done_ptr,
+    W,
+    max_len,
+    kv_len,
+    split_len,
+    splits,
+    scale,
+    N_HEADS: tl.constexpr,
+    N_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    MAX_TOKENS: tl.constexpr,
+):
     """Query token w's rows (the q heads sharing one KV head) against one split of the cache,
     entries [split * split_len, +split_len): an unnormalized output, row max and row sum per split.
     The last split of the (head, token) to finish combines them into out [W, N_HEADS * HEAD_DIM]
@@ -295,8 +464,9 @@ def attention_kernel(
             stat = (i * W + w) * N_HEADS + head
             split_max = tl.load(part_m_ptr + stat, mask=ok, other=float("-inf"), cache_modifier=".cg")
             split_sum = tl.load(part_l_ptr + stat, mask=ok, other=0.0, cache_modifier=".cg")
-            split_out = tl.load(part_o_ptr + stat[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0,
-                                cache_modifier=".cg")  # fmt: skip
+            split_out = tl.load(
+                part_o_ptr + stat[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg"
+            )
             new_top = tl.maximum(top, split_max)
             safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)
             old_scale, split_scale = tl.exp(top - safe_top), tl.exp(split_max - safe_top)
@@ -309,9 +479,20 @@ def attention_kernel(
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def matmul_residual_kernel(
-    in_ptr, w, w_hi, w_d, w_s, x_ptr, W, ROWS,
-    D: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr,
-):  # fmt: skip
+    in_ptr,
+    w,
+    w_hi,
+    w_d,
+    w_s,
+    x_ptr,
+    W,
+    ROWS,
+    D: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPEC: tl.constexpr,
+):
     """x[:, block] += input @ Weight[block]^T: the attention's out projection (input: attn, K the
     heads' width) and the feed-forward's down projection (input: h, K the FFN width)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -321,17 +502,52 @@ def matmul_residual_kernel(
     first = tl.program_id(1) * ROWS
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
-        acc, _ = gemv_row(in_ptr, m, m_ok, in_ptr, 0.0, w_q, w_qh, w_scale, w_offset, w_q, w_qh, w_scale, w_offset,
-                          K, BLOCK_K, SPEC, False, False)  # fmt: skip
+        acc, _ = gemv_row(
+            in_ptr,
+            m,
+            m_ok,
+            in_ptr,
+            0.0,
+            w_q,
+            w_qh,
+            w_scale,
+            w_offset,
+            w_q,
+            w_qh,
+            w_scale,
+            w_offset,
+            K,
+            BLOCK_K,
+            SPEC,
+            False,
+            False,
+        )
         _add_residual(x_ptr, m, m_ok, n, n_ok, acc, D)
 
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_gate_up_kernel(
-    x_ptr, norm_ptr, wg, wg_hi, wg_d, wg_s, wu, wu_hi, wu_d, wu_s, h_ptr, W, ROWS, eps,
-    D: tl.constexpr, FFN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPEC_GATE: tl.constexpr, SPEC_UP: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    norm_ptr,
+    wg,
+    wg_hi,
+    wg_d,
+    wg_s,
+    wu,
+    wu_hi,
+    wu_d,
+    wu_s,
+    h_ptr,
+    W,
+    ROWS,
+    eps,
+    D: tl.constexpr,
+    FFN: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPEC_GATE: tl.constexpr,
+    SPEC_UP: tl.constexpr,
+):
     """h = silu(gate) * up of rmsnorm(x): a program owns gate rows n and the same up rows."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < FFN
@@ -343,13 +559,67 @@ def norm_gate_up_kernel(
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
         if SPEC_GATE == SPEC_UP:  # one pass over the input for both
-            gate, up = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, g_q, g_qh, g_scale, g_offset, u_q, u_qh, u_scale,
-                                u_offset, D, BLOCK_K, SPEC_GATE, True, True)  # fmt: skip
+            gate, up = gemv_row(
+                x_ptr,
+                m,
+                m_ok,
+                norm_ptr,
+                eps,
+                g_q,
+                g_qh,
+                g_scale,
+                g_offset,
+                u_q,
+                u_qh,
+                u_scale,
+                u_offset,
+                D,
+                BLOCK_K,
+                SPEC_GATE,
+                True,
+                True,
+            )
         else:
-            gate, _ = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, g_q, g_qh, g_scale, g_offset, g_q, g_qh, g_scale,
-                               g_offset, D, BLOCK_K, SPEC_GATE, True, False)  # fmt: skip
-            up, _ = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, u_q, u_qh, u_scale, u_offset, u_q, u_qh, u_scale,
-                             u_offset, D, BLOCK_K, SPEC_UP, True, False)  # fmt: skip
+            gate, _ = gemv_row(
+                x_ptr,
+                m,
+                m_ok,
+                norm_ptr,
+                eps,
+                g_q,
+                g_qh,
+                g_scale,
+                g_offset,
+                g_q,
+                g_qh,
+                g_scale,
+                g_offset,
+                D,
+                BLOCK_K,
+                SPEC_GATE,
+                True,
+                False,
+            )
+            up, _ = gemv_row(
+                x_ptr,
+                m,
+                m_ok,
+                norm_ptr,
+                eps,
+                u_q,
+                u_qh,
+                u_scale,
+                u_offset,
+                u_q,
+                u_qh,
+                u_scale,
+                u_offset,
+                D,
+                BLOCK_K,
+                SPEC_UP,
+                True,
+                False,
+            )
         gate = _round(gate, dtype)
         up = _round(up, dtype)
         h = _round(gate / (1.0 + tl.exp(-gate)), dtype) * up
@@ -358,9 +628,22 @@ def norm_gate_up_kernel(
 
 @triton.jit(do_not_specialize=["W", "ROWS"])  # one binary for every width
 def norm_lm_head_kernel(
-    x_ptr, norm_ptr, w, w_hi, w_d, w_s, out_ptr, W, ROWS, N, eps,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPEC: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    norm_ptr,
+    w,
+    w_hi,
+    w_d,
+    w_s,
+    out_ptr,
+    W,
+    ROWS,
+    N,
+    eps,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPEC: tl.constexpr,
+):
     """logits = rmsnorm(x) @ Wout^T for the rows n of the (vocabulary-sized) output matrix."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -369,10 +652,31 @@ def norm_lm_head_kernel(
     first = tl.program_id(1) * ROWS
     for row in range(first, tl.minimum(first + ROWS, W)):  # rows first.. of x, with the weights loaded once
         m, m_ok = _row(row, W)
-        logits, _ = gemv_row(x_ptr, m, m_ok, norm_ptr, eps, w_q, w_qh, w_scale, w_offset, w_q, w_qh, w_scale,
-                             w_offset, D, BLOCK_K, SPEC, True, False)  # fmt: skip
-        tl.store(out_ptr + m[:, None] * N + n[None, :], logits.to(out_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & n_ok[None, :])  # fmt: skip
+        logits, _ = gemv_row(
+            x_ptr,
+            m,
+            m_ok,
+            norm_ptr,
+            eps,
+            w_q,
+            w_qh,
+            w_scale,
+            w_offset,
+            w_q,
+            w_qh,
+            w_scale,
+            w_offset,
+            D,
+            BLOCK_K,
+            SPEC,
+            True,
+            False,
+        )
+        tl.store(
+            out_ptr + m[:, None] * N + n[None, :],
+            logits.to(out_ptr.dtype.element_ty),
+            mask=m_ok[:, None] & n_ok[None, :],
+        )
 
 
 def attention_splits(kv_len: int) -> tuple[int, int]:
@@ -400,9 +704,13 @@ class TritonStep:
     """
 
     def __init__(
-        self, model: Transformer, blocks: dict | None = None, pdl: bool | None = None, rows: int | dict | None = None,
+        self,
+        model: Transformer,
+        blocks: dict | None = None,
+        pdl: bool | None = None,
+        rows: int | dict | None = None,
         weights: dict[str, PackedMatrix] | None = None,
-    ):  # fmt: skip
+    ):
         cfg = model.cfg
         if cfg.head_dim & (cfg.head_dim - 1) or cfg.n_heads % cfg.n_kv_heads:
             raise ValueError("the Triton step needs a power-of-two head dim and n_heads a multiple of n_kv_heads")
@@ -446,9 +754,15 @@ class TritonStep:
         cfg = self.cfg
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         wqkv, gate_up = layer.attn.wqkv.weight, layer.ffn.w_gate_up.weight
-        views = {"wq": lambda: wqkv[:q], "wk": lambda: wqkv[q : q + kv], "wv": lambda: wqkv[q + kv :],
-                 "wo": lambda: layer.attn.wo.weight, "w_gate": lambda: gate_up[: cfg.ffn_dim],
-                 "w_up": lambda: gate_up[cfg.ffn_dim :], "w_down": lambda: layer.ffn.w_down.weight}  # fmt: skip
+        views = {
+            "wq": lambda: wqkv[:q],
+            "wk": lambda: wqkv[q : q + kv],
+            "wv": lambda: wqkv[q + kv :],
+            "wo": lambda: layer.attn.wo.weight,
+            "w_gate": lambda: gate_up[: cfg.ffn_dim],
+            "w_up": lambda: gate_up[cfg.ffn_dim :],
+            "w_down": lambda: layer.ffn.w_down.weight,
+        }
         return dense(views[name]())
 
     def norm_qkv_rope(self, layer, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -463,11 +777,38 @@ class TritonStep:
         bias = attn.wqkv.bias if self.arch.qkv_bias else x  # x: a placeholder the kernel never reads
         q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if self.arch.qk_norm else (x, x)
         norm_qkv_rope_kernel[(programs, self._row_groups(x, "qkv"))](
-            x, layer.attn_norm.weight, *wq.args, *wk.args, *wv.args, bias, q_norm, k_norm, self.model.rope_cos,
-            self.model.rope_sin, positions, q, cache.k, cache.v, x.shape[0], self.rows["qkv"], cache.k.shape[2],
-            layer.attn_norm.eps, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_n, _whole(cfg.dim),
-            wq.spec, wk.spec, wv.spec, self.arch.qkv_bias, self.arch.qk_norm, num_warps=warps, **self.launch,
-        )  # fmt: skip
+            x,
+            layer.attn_norm.weight,
+            *wq.args,
+            *wk.args,
+            *wv.args,
+            bias,
+            q_norm,
+            k_norm,
+            self.model.rope_cos,
+            self.model.rope_sin,
+            positions,
+            q,
+            cache.k,
+            cache.v,
+            x.shape[0],
+            self.rows["qkv"],
+            cache.k.shape[2],
+            layer.attn_norm.eps,
+            cfg.dim,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            block_n,
+            _whole(cfg.dim),
+            wq.spec,
+            wk.spec,
+            wv.spec,
+            self.arch.qkv_bias,
+            self.arch.qk_norm,
+            num_warps=warps,
+            **self.launch,
+        )
         return q
 
     def attention(self, layer, q: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -482,11 +823,31 @@ class TritonStep:
         out = torch.empty_like(q)
         block_q = max(16, triton.next_power_of_2(cfg.n_heads // cfg.n_kv_heads))  # tl.dot: >= 16 rows
         attention_kernel[(cfg.n_kv_heads, splits, width)](
-            q, cache.k, cache.v, positions, part_out, part_max, part_sum, out, self.splits_done,
-            width, cache.k.shape[2], kv_len, split_len, splits, 1.0 / math.sqrt(cfg.head_dim),
-            cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, block_q, ATTN_BLOCK_KV, ATTN_MAX_SPLITS, MAX_ROWS, num_warps=4,
+            q,
+            cache.k,
+            cache.v,
+            positions,
+            part_out,
+            part_max,
+            part_sum,
+            out,
+            self.splits_done,
+            width,
+            cache.k.shape[2],
+            kv_len,
+            split_len,
+            splits,
+            1.0 / math.sqrt(cfg.head_dim),
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            block_q,
+            ATTN_BLOCK_KV,
+            ATTN_MAX_SPLITS,
+            MAX_ROWS,
+            num_warps=4,
             **self.launch,
-        )  # fmt: skip
+        )
         return out
 
     def out_proj_residual(self, layer, attn: torch.Tensor, x: torch.Tensor) -> None:
@@ -499,9 +860,23 @@ class TritonStep:
         gate, up = self.matrix(layer, "w_gate"), self.matrix(layer, "w_up")
         block_n, warps = self._block("gate_up", [gate, up], cfg.dim)
         norm_gate_up_kernel[(triton.cdiv(cfg.ffn_dim, block_n), self._row_groups(x, "gate_up"))](
-            x, layer.ffn_norm.weight, *gate.args, *up.args, h, x.shape[0], self.rows["gate_up"], layer.ffn_norm.eps,
-            cfg.dim, cfg.ffn_dim, block_n, _whole(cfg.dim), gate.spec, up.spec, num_warps=warps, **self.launch,
-        )  # fmt: skip
+            x,
+            layer.ffn_norm.weight,
+            *gate.args,
+            *up.args,
+            h,
+            x.shape[0],
+            self.rows["gate_up"],
+            layer.ffn_norm.eps,
+            cfg.dim,
+            cfg.ffn_dim,
+            block_n,
+            _whole(cfg.dim),
+            gate.spec,
+            up.spec,
+            num_warps=warps,
+            **self.launch,
+        )
         return h
 
     def down_residual(self, layer, h: torch.Tensor, x: torch.Tensor) -> None:
@@ -512,9 +887,19 @@ class TritonStep:
         k = a.shape[1]
         block_n, warps = self._block(matrix, [weight], k)
         matmul_residual_kernel[(triton.cdiv(self.cfg.dim, block_n), self._row_groups(x, matrix))](
-            a, *weight.args, x, x.shape[0], self.rows[matrix], self.cfg.dim, k, block_n, _whole(k), weight.spec,
-            num_warps=warps, **self.launch,
-        )  # fmt: skip
+            a,
+            *weight.args,
+            x,
+            x.shape[0],
+            self.rows[matrix],
+            self.cfg.dim,
+            k,
+            block_n,
+            _whole(k),
+            weight.spec,
+            num_warps=warps,
+            **self.launch,
+        )
 
     def norm_lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """logits [1, W, V] of the final norm of x."""
@@ -524,9 +909,21 @@ class TritonStep:
         logits = torch.empty(1, x.shape[0], vocab, device=x.device, dtype=x.dtype)
         block_n, warps = self._block("lm_head", [weight], self.cfg.dim)
         norm_lm_head_kernel[(triton.cdiv(vocab, block_n), self._row_groups(x, "lm_head"))](
-            x, model.norm.weight, *weight.args, logits, x.shape[0], self.rows["lm_head"], vocab, model.norm.eps,
-            self.cfg.dim, block_n, _whole(self.cfg.dim), weight.spec, num_warps=warps, **self.launch,
-        )  # fmt: skip
+            x,
+            model.norm.weight,
+            *weight.args,
+            logits,
+            x.shape[0],
+            self.rows["lm_head"],
+            vocab,
+            model.norm.eps,
+            self.cfg.dim,
+            block_n,
+            _whole(self.cfg.dim),
+            weight.spec,
+            num_warps=warps,
+            **self.launch,
+        )
         return logits
 
     def _row_groups(self, x: torch.Tensor, matrix: str) -> int:

@@ -59,7 +59,9 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES:
-            raise ValueError(f"architecture {self.arch!r} is not one the local engine loads ({', '.join(ARCHITECTURES)})")
+            raise ValueError(
+                f"architecture {self.arch!r} is not one the local engine loads ({', '.join(ARCHITECTURES)})"
+            )
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.dim // self.n_heads)
 
@@ -189,8 +191,11 @@ class _GgufQ4(Mapping):
 
     def __init__(self, tensors: dict, config: ModelConfig, head: str):
         self._config, self._head = config, head
-        self._tensors = {k: t for k, t in tensors.items() if t.tensor_type.name == "Q4_1" and len(t.shape) == 2
-                         and k.startswith("layers.")}  # fmt: skip
+        self._tensors = {
+            k: t
+            for k, t in tensors.items()
+            if t.tensor_type.name == "Q4_1" and len(t.shape) == 2 and k.startswith("layers.")
+        }
         if head in tensors and tensors[head].tensor_type.name in ("Q4_1", "Q8_0"):
             self._tensors["output"] = tensors[head]
 
@@ -216,8 +221,9 @@ def _load_gguf(path: Path) -> Checkpoint:
     reader = GGUFReader(str(path))
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{path.name}: architecture {arch!r} is not supported by the local engine "
-                         f"({', '.join(ARCHITECTURES)})")  # fmt: skip
+        raise ValueError(
+            f"{path.name}: architecture {arch!r} is not supported by the local engine ({', '.join(ARCHITECTURES)})"
+        )
 
     def meta(key, default=None):
         return _gguf_field(reader, f"{arch}.{key}", default)
@@ -239,7 +245,10 @@ def _load_gguf(path: Path) -> Checkpoint:
         arch=arch,
         head_dim=meta("attention.key_length", 0),
     )
-    if meta("rope.scaling.type", "none") not in ("none", None) or meta("rope.dimension_count", config.head_dim) != config.head_dim:
+    if (
+        meta("rope.scaling.type", "none") not in ("none", None)
+        or meta("rope.dimension_count", config.head_dim) != config.head_dim
+    ):
         raise ValueError(f"{path.name}: RoPE scaling or partial RoPE is not supported by the local engine")
 
     tensors = {key: t for t in reader.tensors if (key := _our_name(t.name)) is not None}
@@ -252,11 +261,7 @@ def _load_gguf(path: Path) -> Checkpoint:
     _check_tensors(path, config, tensors)
     head = "output" if "output" in tensors else "tok_embeddings"
 
-    fields = {
-        key: _gguf_field(reader, key)
-        for key in reader.fields
-        if key.startswith("tokenizer.ggml.")
-    }
+    fields = {key: _gguf_field(reader, key) for key in reader.fields if key.startswith("tokenizer.ggml.")}
     tokenizer = Tokenizer.from_gguf_fields(fields)
     bos_id = fields.get("tokenizer.ggml.bos_token_id")
     eos_id = fields.get("tokenizer.ggml.eos_token_id")
@@ -284,9 +289,17 @@ def _check_tensors(path: Path, config: ModelConfig, tensors: dict) -> None:
     """Every tensor the architecture needs is in the file, with the shape the config implies."""
     cfg, arch = config, config.architecture
     q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    shapes = {"attn_norm": [cfg.dim], "ffn_norm": [cfg.dim], "wq": [q, cfg.dim], "wk": [kv, cfg.dim],
-              "wv": [kv, cfg.dim], "wo": [cfg.dim, q], "w_gate": [cfg.ffn_dim, cfg.dim],
-              "w_up": [cfg.ffn_dim, cfg.dim], "w_down": [cfg.dim, cfg.ffn_dim]}  # fmt: skip
+    shapes = {
+        "attn_norm": [cfg.dim],
+        "ffn_norm": [cfg.dim],
+        "wq": [q, cfg.dim],
+        "wk": [kv, cfg.dim],
+        "wv": [kv, cfg.dim],
+        "wo": [cfg.dim, q],
+        "w_gate": [cfg.ffn_dim, cfg.dim],
+        "w_up": [cfg.ffn_dim, cfg.dim],
+        "w_down": [cfg.dim, cfg.ffn_dim],
+    }
     if arch.qkv_bias:
         shapes.update(bq=[q], bk=[kv], bv=[kv])
     if arch.qk_norm:
@@ -330,8 +343,9 @@ def _load_hf_dir(path: Path) -> Checkpoint:
     archs = hf.get("architectures") or []
     arch = _HF_ARCHITECTURES.get(hf.get("model_type"), "llama" if "LlamaForCausalLM" in archs else None)
     if arch is None:
-        raise ValueError(f"{path}: model_type {hf.get('model_type')!r} is not supported "
-                         f"({', '.join(_HF_ARCHITECTURES)})")  # fmt: skip
+        raise ValueError(
+            f"{path}: model_type {hf.get('model_type')!r} is not supported ({', '.join(_HF_ARCHITECTURES)})"
+        )
     if bool(hf.get("attention_bias", arch == "qwen2")) != ARCHITECTURES[arch].qkv_bias:
         raise ValueError(f"{path}: attention biases are not supported for {arch} by the local engine")
     n_heads = hf["num_attention_heads"]

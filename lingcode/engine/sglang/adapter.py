@@ -62,8 +62,12 @@ def sampling_params(params: SamplingParams, eos_ids: tuple[int, ...], room: int)
 
 def generate_body(rid: str, input_ids: list[int], params: SamplingParams, eos_ids: tuple[int, ...], room: int) -> dict:
     """The JSON body of POST /generate for one streamed request (SGLang's GenerateReqInput)."""
-    return {"rid": rid, "input_ids": list(input_ids), "stream": True,
-            "sampling_params": sampling_params(params, eos_ids, room)}  # fmt: skip
+    return {
+        "rid": rid,
+        "input_ids": list(input_ids),
+        "stream": True,
+        "sampling_params": sampling_params(params, eos_ids, room),
+    }
 
 
 def _error(status: int | None, message: str) -> EngineError | ContextOverflow:
@@ -136,8 +140,13 @@ class StreamDecoder:
         finish = _finish(meta.get("finish_reason"))
         if not new and finish is None:
             return None
-        return TokenChunk(new, finish, int(meta.get("prompt_tokens") or 0), int(meta.get("cached_tokens") or 0),
-                          meta.get("spec_accept_length"))  # fmt: skip
+        return TokenChunk(
+            new,
+            finish,
+            int(meta.get("prompt_tokens") or 0),
+            int(meta.get("cached_tokens") or 0),
+            meta.get("spec_accept_length"),
+        )
 
 
 async def _http_error(response: aiohttp.ClientResponse) -> EngineError | ContextOverflow:
@@ -179,12 +188,22 @@ class SGLangEngine:
     """Streams requests to one SGLang server. `availability()` says why it cannot take requests
     right now (None when it can): the supervisor's state while SGLang (re)starts."""
 
-    def __init__(self, url: str, info: ModelInfo, *, api_key: str | None = None, incremental: bool = False,
-                 availability: Callable[[], str | None] = lambda: None,
-                 status: Callable[[], dict] = dict, on_close: Callable[[], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        info: ModelInfo,
+        *,
+        api_key: str | None = None,
+        incremental: bool = False,
+        availability: Callable[[], str | None] = lambda: None,
+        status: Callable[[], dict] = dict,
+        on_close: Callable[[], None] | None = None,
+    ):
         self.url = url.rstrip("/")
         self.info = info
-        self.head_before_submit = False  # SGLang may refuse a request (starting, overloaded): the head waits for its 200
+        self.head_before_submit = (
+            False  # SGLang may refuse a request (starting, overloaded): the head waits for its 200
+        )
         self.incremental = incremental
         self._availability = availability
         self._status = status
@@ -193,22 +212,37 @@ class SGLangEngine:
         self._session: aiohttp.ClientSession | None = None  # made on the event loop, by the first request
         self._rids: dict[str, str] = {}  # lingcode request id -> SGLang rid
         self._counters = dict.fromkeys(
-            ("requests", "finished", "aborted", "errors", "unavailable", "prompt_tokens", "cached_tokens",
-             "generated_tokens"), 0,
-        )  # fmt: skip
+            (
+                "requests",
+                "finished",
+                "aborted",
+                "errors",
+                "unavailable",
+                "prompt_tokens",
+                "cached_tokens",
+                "generated_tokens",
+            ),
+            0,
+        )
         self._last: dict = {}
         self._drains: set[asyncio.Task] = set()  # streams read to their end in the background
 
-    async def generate(self, request_id: str, input_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenChunk]:
+    async def generate(
+        self, request_id: str, input_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[TokenChunk]:
         if not input_ids:
             raise ValueError("input_ids is empty")
         room = self.info.context_length - len(input_ids)
         if room <= 0:
-            raise ContextOverflow(f"{len(input_ids)} input tokens leave no room in the model's context of "
-                                  f"{self.info.context_length} tokens")  # fmt: skip
+            raise ContextOverflow(
+                f"{len(input_ids)} input tokens leave no room in the model's context of "
+                f"{self.info.context_length} tokens"
+            )
         if params.constraint is not None:  # an in-process logits mask cannot reach SGLang's sampler
-            raise EngineError("the SGLang engine does not apply in-process token constraints (constrained decoding "
-                              "runs on the local engine)")  # fmt: skip
+            raise EngineError(
+                "the SGLang engine does not apply in-process token constraints (constrained decoding "
+                "runs on the local engine)"
+            )
         if (reason := self._availability()) is not None:
             self._counters["unavailable"] += 1
             raise EngineUnavailable(reason)
@@ -241,8 +275,9 @@ class SGLangEngine:
         except TRANSPORT_ERRORS as exc:
             failed = True
             self._counters["unavailable"] += 1
-            raise EngineUnavailable(self._availability() or
-                                    f"lost SGLang at {self.url} mid-request ({type(exc).__name__})") from exc  # fmt: skip
+            raise EngineUnavailable(
+                self._availability() or f"lost SGLang at {self.url} mid-request ({type(exc).__name__})"
+            ) from exc
         except (EngineError, ContextOverflow):
             failed = True
             self._counters["errors"] += 1
@@ -276,8 +311,9 @@ class SGLangEngine:
 
     async def _abort_rid(self, rid: str) -> None:
         try:
-            async with self._http().post(f"{self.url}/abort_request", json={"rid": rid},
-                                         timeout=aiohttp.ClientTimeout(total=ABORT_TIMEOUT_S)):  # fmt: skip
+            async with self._http().post(
+                f"{self.url}/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=ABORT_TIMEOUT_S)
+            ):
                 pass
         except TRANSPORT_ERRORS:
             pass  # SGLang is gone or restarting: nothing left to abort
@@ -293,8 +329,9 @@ class SGLangEngine:
             self._session = aiohttp.ClientSession(headers=self._headers, timeout=timeout, connector=connector)
         return self._session
 
-    def _record(self, rid: str, decoder: StreamDecoder, finish: str | None, failed: bool, started: float,
-                first_at: float | None) -> None:  # fmt: skip
+    def _record(
+        self, rid: str, decoder: StreamDecoder, finish: str | None, failed: bool, started: float, first_at: float | None
+    ) -> None:
         meta, c = decoder.meta, self._counters
         if not failed:
             c["finished" if finish in ("stop", "length") else "aborted"] += 1
@@ -302,17 +339,27 @@ class SGLangEngine:
         c["cached_tokens"] += int(meta.get("cached_tokens") or 0)
         c["generated_tokens"] += decoder.emitted
         self._last = {
-            "rid": rid, "finish_reason": finish, "prompt_tokens": meta.get("prompt_tokens"),
-            "cached_tokens": meta.get("cached_tokens"), "completion_tokens": decoder.emitted,
+            "rid": rid,
+            "finish_reason": finish,
+            "prompt_tokens": meta.get("prompt_tokens"),
+            "cached_tokens": meta.get("cached_tokens"),
+            "completion_tokens": decoder.emitted,
             "ttft_ms": None if first_at is None else round((first_at - started) * 1e3, 3),
-            "total_ms": round((time.perf_counter() - started) * 1e3, 3), "e2e_latency_s": meta.get("e2e_latency"),
+            "total_ms": round((time.perf_counter() - started) * 1e3, 3),
+            "e2e_latency_s": meta.get("e2e_latency"),
             "accept_length": meta.get("spec_accept_length"),  # the key `lingcode bench` reads, as on the local engine
             **{key: meta[key] for key in SPEC_FIELDS if key in meta},
-        }  # fmt: skip
+        }
 
     def stats(self) -> dict:
-        return {**self._counters, "running": list(self._rids), "draining": len(self._drains), "url": self.url,
-                "last_request": dict(self._last), "server": self._status()}  # fmt: skip
+        return {
+            **self._counters,
+            "running": list(self._rids),
+            "draining": len(self._drains),
+            "url": self.url,
+            "last_request": dict(self._last),
+            "server": self._status(),
+        }
 
     async def close(self) -> None:
         for task in list(self._drains):

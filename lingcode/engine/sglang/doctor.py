@@ -39,7 +39,9 @@ class SwitchRow:
 
 def _matches(value, want) -> bool:
     if isinstance(want, bool):
-        return value is want or (isinstance(value, str) and value.lower() in (("1", "true") if want else ("0", "false")))
+        return value is want or (
+            isinstance(value, str) and value.lower() in (("1", "true") if want else ("0", "false"))
+        )
     return str(value).lower() == str(want).lower()
 
 
@@ -68,7 +70,9 @@ def switch_rows(profile: Profile) -> list[SwitchRow]:
         if key == "mamba-radix-cache-strategy" and profile.args.get("disable-radix-cache"):
             rows.append(SwitchRow(s["name"], None, setting, where, s["buys"], None))  # no radix cache: moot
             continue
-        rows.append(SwitchRow(s["name"], on, setting, where, s["buys"], None if on else f"{s['name']} is off: {s['cost']}"))
+        rows.append(
+            SwitchRow(s["name"], on, setting, where, s["buys"], None if on else f"{s['name']} is off: {s['cost']}")
+        )
     return rows
 
 
@@ -108,8 +112,11 @@ def print_report(console, profile_name: str | None = None) -> bool:
     if not gpus:
         env.add_row("GPUs", "none", found.no_gpu_reason or "")
     for g in gpus:
-        env.add_row(f"GPU {g.index}", f"{g.name}, compute capability {g.cc} ({g.arch})",
-                    f"{g.memory_free_mib / 1024:.0f} of {g.memory_total_mib / 1024:.0f} GiB free")  # fmt: skip
+        env.add_row(
+            f"GPU {g.index}",
+            f"{g.name}, compute capability {g.cc} ({g.arch})",
+            f"{g.memory_free_mib / 1024:.0f} of {g.memory_total_mib / 1024:.0f} GiB free",
+        )
     if gpus:
         env.add_row("driver", gpus[0].driver, f"SGLang {SGLANG_VERSION} needs >= {preflight.MIN_DRIVER} (CUDA 13)")
     console.print(env)

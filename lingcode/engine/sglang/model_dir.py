@@ -31,8 +31,9 @@ def _ids(value) -> list[int]:
     return [int(v) for v in value or []]
 
 
-def load_model_info(model_dir: Path, *, name: str | None = None, context_length: int | None = None,
-                    extra: dict | None = None) -> ModelInfo:  # fmt: skip
+def load_model_info(
+    model_dir: Path, *, name: str | None = None, context_length: int | None = None, extra: dict | None = None
+) -> ModelInfo:
     """ModelInfo from a Hugging Face-format directory. `context_length` is the server's (it may
     be shorter than the checkpoint's when SGLang was started with --context-length)."""
     config = json.loads((model_dir / "config.json").read_text())

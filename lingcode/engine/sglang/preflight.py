@@ -83,8 +83,9 @@ def gpu_inventory() -> tuple[list[Gpu], str | None]:
     if smi is None:
         return [], "nvidia-smi is not on PATH"
     try:
-        done = subprocess.run([smi, f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        done = subprocess.run(
+            [smi, f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], f"nvidia-smi failed: {exc}"
     if done.returncode != 0:
@@ -102,28 +103,40 @@ def gpu_inventory() -> tuple[list[Gpu], str | None]:
 def gpu_problems(profile: Profile, gpus: list[Gpu], why: str | None) -> list[str]:
     tp = profile.tp_size
     if not gpus:
-        return [f"no NVIDIA GPU found ({why or 'CUDA_VISIBLE_DEVICES hides them all'}); profile {profile.name} "
-                f"needs {tp}. Use --engine local here, or --engine-url to attach to an SGLang server elsewhere"]  # fmt: skip
+        return [
+            f"no NVIDIA GPU found ({why or 'CUDA_VISIBLE_DEVICES hides them all'}); profile {profile.name} "
+            f"needs {tp}. Use --engine local here, or --engine-url to attach to an SGLang server elsewhere"
+        ]
     problems = []
     if len(gpus) < tp:
-        problems.append(f"{len(gpus)} GPU(s) visible, profile {profile.name} needs {tp} (tp-size {tp}); "
-                        "free or expose more GPUs (CUDA_VISIBLE_DEVICES)")  # fmt: skip
+        problems.append(
+            f"{len(gpus)} GPU(s) visible, profile {profile.name} needs {tp} (tp-size {tp}); "
+            "free or expose more GPUs (CUDA_VISIBLE_DEVICES)"
+        )
     driver = gpus[0].driver
     if int(driver.split(".")[0]) < MIN_DRIVER:
-        problems.append(f"NVIDIA driver {driver} is too old for SGLang {SGLANG_VERSION} (CUDA 13): "
-                        f"install driver {MIN_DRIVER} or newer")  # fmt: skip
+        problems.append(
+            f"NVIDIA driver {driver} is too old for SGLang {SGLANG_VERSION} (CUDA 13): "
+            f"install driver {MIN_DRIVER} or newer"
+        )
     used = gpus[:tp]
     if profile.arch == "blackwell" and (g := next((g for g in used if g.arch != "blackwell"), None)):
         fix = "use --profile ling-3.0-flash-dspark-hopper" if g.arch == "hopper" else "use Blackwell or Hopper GPUs"
-        problems.append(f"GPU {g.index} is {g.name} (compute capability {g.cc}); profile {profile.name} "
-                        f"is for Blackwell (trtllm_mla): {fix}")  # fmt: skip
+        problems.append(
+            f"GPU {g.index} is {g.name} (compute capability {g.cc}); profile {profile.name} "
+            f"is for Blackwell (trtllm_mla): {fix}"
+        )
     if profile.arch == "hopper" and (g := next((g for g in used if g.compute_capability[0] < 9), None)):
-        problems.append(f"GPU {g.index} is {g.name}: profile {profile.name} needs Hopper (compute capability 9.0) or newer")
+        problems.append(
+            f"GPU {g.index} is {g.name}: profile {profile.name} needs Hopper (compute capability 9.0) or newer"
+        )
     need = profile.min_gpu_memory_gib
     if g := next((g for g in used if g.memory_free_mib / 1024 < need), None):
         free, held = g.memory_free_mib / 1024, (g.memory_total_mib - g.memory_free_mib) / 1024
-        problems.append(f"GPU {g.index} ({g.name}) has {free:.0f} GiB free ({held:.0f} GiB held by other processes: "
-                        f"see nvidia-smi); profile {profile.name} needs {need:.0f} GiB per GPU")  # fmt: skip
+        problems.append(
+            f"GPU {g.index} ({g.name}) has {free:.0f} GiB free ({held:.0f} GiB held by other processes: "
+            f"see nvidia-smi); profile {profile.name} needs {need:.0f} GiB per GPU"
+        )
     return problems
 
 
@@ -132,14 +145,18 @@ def interpreter_problems(profile: Profile, versions: dict | None, error: str | N
     if versions is None:
         return [f"cannot ask the SGLang interpreter: {error}; {where}"]
     if not versions.get("sglang") or not versions.get("launch_server"):
-        return [f"sglang is not installed for {profile.python}: pip install 'sglang=={SGLANG_VERSION}' there, or {where}"]
+        return [
+            f"sglang is not installed for {profile.python}: pip install 'sglang=={SGLANG_VERSION}' there, or {where}"
+        ]
     return []
 
 
 def version_warnings(versions: dict | None) -> list[str]:
     if versions and versions.get("sglang") and versions["sglang"] != SGLANG_VERSION:
-        return [f"SGLang {versions['sglang']} is installed; lingcode's profiles are written for {SGLANG_VERSION} "
-                "(flags move between releases: `lingcode doctor` checks them)"]  # fmt: skip
+        return [
+            f"SGLang {versions['sglang']} is installed; lingcode's profiles are written for {SGLANG_VERSION} "
+            "(flags move between releases: `lingcode doctor` checks them)"
+        ]
     return []
 
 
@@ -156,8 +173,11 @@ def _local_dir_problem(path: str, what: str, where: str, required: tuple[str, ..
 
 
 def model_problems(profile: Profile) -> list[str]:
-    problems = [_local_dir_problem(profile.model_path, "model", "pass --model DIR (the model directory)",
-                                   ("config.json", "tokenizer.json"))]  # fmt: skip
+    problems = [
+        _local_dir_problem(
+            profile.model_path, "model", "pass --model DIR (the model directory)", ("config.json", "tokenizer.json")
+        )
+    ]
     draft = profile.args.get("speculative-draft-model-path")
     if draft and draft != profile.model_path:
         where = f"set args.speculative-draft-model-path in [sglang] of {config_file()}"
@@ -181,7 +201,9 @@ def inspect(profile: Profile) -> Findings:
         versions, error = probe.versions(profile.python), None
     except probe.ProbeError as exc:
         versions, error = None, str(exc)
-    problems = gpu_problems(profile, gpus, why) + interpreter_problems(profile, versions, error) + model_problems(profile)
+    problems = (
+        gpu_problems(profile, gpus, why) + interpreter_problems(profile, versions, error) + model_problems(profile)
+    )
     return Findings(problems, version_warnings(versions), versions, gpus, why)
 
 
@@ -208,10 +230,16 @@ def check_attach(url: str, api_key: str | None, model_dir: Path | None) -> None:
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise PreflightError(f"--engine-url {url!r} is not an http(s) URL (e.g. http://127.0.0.1:30000)")
     if not is_loopback_url(url) and not api_key:
-        raise PreflightError(f"SGLang at {url} is not on this machine, so it must run with --api-key and lingcode "
-                             f"needs that key: set {API_KEY_ENV} or [sglang] api_key in {config_file()}")  # fmt: skip
+        raise PreflightError(
+            f"SGLang at {url} is not on this machine, so it must run with --api-key and lingcode "
+            f"needs that key: set {API_KEY_ENV} or [sglang] api_key in {config_file()}"
+        )
     if model_dir is None:
-        raise PreflightError("attaching needs the model directory for its tokenizer and chat template: pass --model DIR")
+        raise PreflightError(
+            "attaching needs the model directory for its tokenizer and chat template: pass --model DIR"
+        )
     if missing := missing_files(model_dir):
-        raise PreflightError(f"model directory {model_dir} has no {', '.join(missing)}: lingcode reads the tokenizer "
-                             "and chat template from it (a copy of the served model's directory will do)")  # fmt: skip
+        raise PreflightError(
+            f"model directory {model_dir} has no {', '.join(missing)}: lingcode reads the tokenizer "
+            "and chat template from it (a copy of the served model's directory will do)"
+        )

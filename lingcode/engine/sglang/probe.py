@@ -76,8 +76,14 @@ def _run(python: str, script: str, stdin: str = "", timeout: float = 60.0, env: 
     if not (Path(python).exists() or "/" not in python):
         raise ProbeError(f"the SGLang interpreter {python} does not exist")
     try:
-        done = subprocess.run([python, "-c", script], input=stdin, capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **(env or {})})  # fmt: skip
+        done = subprocess.run(
+            [python, "-c", script],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
     except FileNotFoundError:
         raise ProbeError(f"the SGLang interpreter {python} cannot be run") from None
     except subprocess.TimeoutExpired:

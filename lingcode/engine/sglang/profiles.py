@@ -148,8 +148,10 @@ def load_config() -> dict:
         raise ProfileError(f"{path}: [sglang] must be a table")
     unknown = set(table) - CONFIG_KEYS
     if unknown:
-        raise ProfileError(f"{path}: unknown key(s) in [sglang]: {', '.join(sorted(unknown))} "
-                           f"(known: {', '.join(sorted(CONFIG_KEYS))})")  # fmt: skip
+        raise ProfileError(
+            f"{path}: unknown key(s) in [sglang]: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(CONFIG_KEYS))})"
+        )
     for key in ("args", "env"):
         if not isinstance(table.get(key, {}), dict):
             raise ProfileError(f"{path}: [sglang] {key} must be a table")
@@ -199,10 +201,15 @@ def resolve(profile: str | None = None, *, config: dict | None = None, overrides
     args = {k: _substitute(k, v, args) for k, v in args.items()}
     env = {k: _env_value(k, v) for k, v in env.items() if v is not False and v is not None}
     resolved = Profile(
-        name=str(name), description=str(meta.get("description", "")), arch=str(meta.get("arch", "blackwell")),
-        min_gpu_memory_gib=float(meta.get("min_gpu_memory_gib", 0)), python=str(python),
-        args=args, env=env, sources=sources,
-    )  # fmt: skip
+        name=str(name),
+        description=str(meta.get("description", "")),
+        arch=str(meta.get("arch", "blackwell")),
+        min_gpu_memory_gib=float(meta.get("min_gpu_memory_gib", 0)),
+        python=str(python),
+        args=args,
+        env=env,
+        sources=sources,
+    )
     validate(resolved)
     return resolved
 
@@ -245,25 +252,32 @@ def validate(profile: Profile) -> None:
     args = profile.args
     for name in RESERVED_ARGS:
         if name in args:
-            raise ProfileError(f"--{name} is set by lingcode at launch; remove it from {profile.sources[f'args.{name}']}")
+            raise ProfileError(
+                f"--{name} is set by lingcode at launch; remove it from {profile.sources[f'args.{name}']}"
+            )
     if not args.get("model-path"):
         raise ProfileError(f"profile {profile.name!r} sets no model-path")
     speculative = bool(args.get("speculative-algorithm"))
     window = verify_window(args)
     if speculative and "max-running-requests" not in args:
-        raise ProfileError("max-running-requests must be set under speculative decoding: SGLang resets it to 48 otherwise")
+        raise ProfileError(
+            "max-running-requests must be set under speculative decoding: SGLang resets it to 48 otherwise"
+        )
     if args.get("enable-linear-replayssm-spec"):
         if args.get("enable-linear-replayssm"):
             raise ProfileError("enable-linear-replayssm and enable-linear-replayssm-spec exclude each other")
         cache_len = int(args.get("linear-replayssm-cache-len", 16))
         if window is not None and cache_len < window:
-            raise ProfileError(f"linear-replayssm-cache-len {cache_len} is shorter than the verify window "
-                               f"of {window} tokens")  # fmt: skip
+            raise ProfileError(
+                f"linear-replayssm-cache-len {cache_len} is shorter than the verify window of {window} tokens"
+            )
     if speculative and not args.get("disable-radix-cache"):
         strategy = args.get("mamba-radix-cache-strategy", "auto")
         if strategy == "no_buffer":
-            raise ProfileError("mamba-radix-cache-strategy no_buffer needs overlap scheduling off and page size 1; "
-                               "use extra_buffer to keep the radix cache on under speculation")  # fmt: skip
+            raise ProfileError(
+                "mamba-radix-cache-strategy no_buffer needs overlap scheduling off and page size 1; "
+                "use extra_buffer to keep the radix cache on under speculation"
+            )
         if strategy.startswith("extra_buffer"):
             interval = int(args.get("mamba-track-interval", DEFAULT_TRACK_INTERVAL))
             if window is not None and interval < window:

@@ -99,10 +99,20 @@ def stop_group(pgid: int, grace_s: float, leader: subprocess.Popen | None = None
 
 
 class Supervisor:
-    def __init__(self, command: list[str], env: dict[str, str], *, url: str, log_file: Path,
-                 on_line: Callable[[str], None] = _stderr_line, ready_timeout_s: float = 3600.0,
-                 backoff_s: tuple[float, ...] = (2, 4, 8, 16, 32, 60), max_failures: int = 5,
-                 stable_after_s: float = 300.0, stop_grace_s: float = 30.0):  # fmt: skip
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        *,
+        url: str,
+        log_file: Path,
+        on_line: Callable[[str], None] = _stderr_line,
+        ready_timeout_s: float = 3600.0,
+        backoff_s: tuple[float, ...] = (2, 4, 8, 16, 32, 60),
+        max_failures: int = 5,
+        stable_after_s: float = 300.0,
+        stop_grace_s: float = 30.0,
+    ):
         self.command, self.env, self.url = command, env, url.rstrip("/")
         self.log_file = log_file
         self.pid_file = log_file.with_name("sglang.pid")
@@ -126,8 +136,13 @@ class Supervisor:
 
     def status(self) -> dict:
         proc = self._proc
-        return {"state": self.state, "reason": None if self.state == "ready" else self.reason,
-                "pid": proc.pid if proc else None, "restarts": self.restarts, "log": str(self.log_file)}  # fmt: skip
+        return {
+            "state": self.state,
+            "reason": None if self.state == "ready" else self.reason,
+            "pid": proc.pid if proc else None,
+            "restarts": self.restarts,
+            "log": str(self.log_file),
+        }
 
     # --- life cycle ----------------------------------------------------------------------------
 
@@ -146,7 +161,9 @@ class Supervisor:
             last = self._tail[-1] if self._tail else "no output"
             what = f"exited with code {code}" if code is not None else f"did not answer in {self.ready_timeout_s:.0f} s"
             self._set("failed", f"SGLang {what}")
-            raise StartupFailed(f"SGLang {what} before it was ready; last line: {last.strip()[:300]} (log: {self.log_file})")
+            raise StartupFailed(
+                f"SGLang {what} before it was ready; last line: {last.strip()[:300]} (log: {self.log_file})"
+            )
         self._watcher = threading.Thread(target=self._watch, name="lingcode-sglang-watch", daemon=True)
         self._watcher.start()
 
@@ -176,9 +193,16 @@ class Supervisor:
         with open(paths.private_file(self.log_file), "a", encoding="utf-8") as log:
             log.write(f"\n=== lingcode {time.strftime('%Y-%m-%d %H:%M:%S')}: starting {_redact(self.command)}\n")
         self._proc = proc = subprocess.Popen(
-            self.command, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, start_new_session=True,
-        )  # fmt: skip
+            self.command,
+            env={**os.environ, **self.env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
         paths.private_file(self.pid_file).write_text(json.dumps({"pgid": proc.pid, "started": _start_time(proc.pid)}))
         threading.Thread(target=self._pump, args=(proc,), name="lingcode-sglang-log", daemon=True).start()
 
@@ -230,8 +254,11 @@ class Supervisor:
             self._ready_since = None
             self._failures += 1
             if self._failures > self.max_failures:
-                self._set("failed", f"SGLang exited {self.max_failures + 1} times in a row (last exit code {code}); "
-                                    f"see {self.log_file} and restart lingcode")  # fmt: skip
+                self._set(
+                    "failed",
+                    f"SGLang exited {self.max_failures + 1} times in a row (last exit code {code}); "
+                    f"see {self.log_file} and restart lingcode",
+                )
                 self.on_line(f"[lingcode] {self.reason}")
                 return
             delay = self.backoff_s[min(self._failures, len(self.backoff_s)) - 1]
