@@ -39,6 +39,11 @@ DEVICE = torch.device("cpu" if SMOKE else "cuda")
 DTYPE = torch.bfloat16
 STARTED = time.perf_counter()
 BUDGET_S = float(os.environ.get("BUDGET_S", 450))  # block-table variants stop past this
+# What to time (all by default): SHAPES and KERNELS, comma-separated names; VARIANTS, a JSON list of
+# [matrix, [BLOCK_N, num_warps]] for the 1.5B's block tables ([] for none)
+ONLY_SHAPES = os.environ.get("SHAPES")
+ONLY_KERNELS = os.environ.get("KERNELS")
+VARIANTS = json.loads(os.environ["VARIANTS"]) if os.environ.get("VARIANTS") else None
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/gpu_blocks"
 RESULTS: dict = {}
 
@@ -275,6 +280,8 @@ CASES = ((1, 300), (1, 2000), (4, 300))  # (width, context: the last position + 
 
 def speed(name: str, kernel_sets=("triton-blocks", "triton-dense", "torch-dense")) -> tuple:
     """Section 2 for one shape: ms per step and GB/s of weights, each kernel set."""
+    if ONLY_KERNELS:
+        kernel_sets = tuple(k for k in kernel_sets if k in ONLY_KERNELS.split(","))
     cfg, formats = SHAPES[name]
     started = time.perf_counter()
     model, packed = build(cfg, formats)
@@ -315,7 +322,7 @@ def speed(name: str, kernel_sets=("triton-blocks", "triton-dense", "torch-dense"
                 )
                 log(f"  {kernels:14s} width {width} context {end:5d}: {ms:.4f} ms, {gbs:.0f} GB/s of weights")
     agreement = {}
-    for width, end in cases:
+    for width, end in cases if "torch-dense" in kernel_sets else ():
         ref = logits["torch-dense", width, end]
         for kernels in kernel_sets:
             if kernels != "torch-dense":
@@ -385,6 +392,8 @@ def block_variants(name: str, model, packed) -> None:
         ("wo", (8, 8)),
         ("down", (1, 16)),
     ]
+    if VARIANTS is not None:
+        variants = [(m, tuple(b)) for m, b in VARIANTS]
     rows, r = [], None
     ids, end = list(range(100, 400)), min(300, model.max_len)
     for matrix, block in [(None, None)] + ([] if SMOKE else variants):
@@ -435,15 +444,19 @@ def main() -> None:
         for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
             section(f"lossless {name}", check_lossless, name)
     save()
+    shapes = ONLY_SHAPES.split(",") if ONLY_SHAPES else list(SHAPES)
     built = section("speed qwen2.5-coder-1.5b", speed, "qwen2.5-coder-1.5b")
     if built is not None:
         model, packed, runners = built
         built = None
         section("profile qwen2.5-coder-1.5b", profile, "qwen2.5-coder-1.5b", runners)
         runners = None  # their graphs' memory back
-        section("speed smollm2-135m", speed, "smollm2-135m")
-        section("speed qwen2.5-coder-0.5b", speed, "qwen2.5-coder-0.5b", ("triton-blocks", "torch-dense"))
-        section("block tables qwen2.5-coder-1.5b", block_variants, "qwen2.5-coder-1.5b", model, packed)
+        if "smollm2-135m" in shapes:
+            section("speed smollm2-135m", speed, "smollm2-135m")
+        if "qwen2.5-coder-0.5b" in shapes:
+            section("speed qwen2.5-coder-0.5b", speed, "qwen2.5-coder-0.5b", ("triton-blocks", "torch-dense"))
+        if VARIANTS != []:
+            section("block tables qwen2.5-coder-1.5b", block_variants, "qwen2.5-coder-1.5b", model, packed)
     save()
     log("done; errors:", RESULTS.get("errors"))
 
