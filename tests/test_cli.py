@@ -42,7 +42,9 @@ def test_models_json_in_an_empty_home(tmp_path):
     assert list(rows) == list(models.catalog())
     assert not any(row["pulled"] for row in rows.values())
     assert [name for name, row in rows.items() if row["default"]] == [models.DEFAULT_MODEL]
-    assert rows[models.DEFAULT_MODEL]["path"] == str(tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert rows[models.DEFAULT_MODEL]["path"] == str(
+        tmp_path / "cache" / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    )
     assert rows["qwen2.5-coder-0.5b-instruct"]["use"] == "coding on slow machines"
 
 
@@ -50,8 +52,8 @@ def test_models_json_sees_the_pulled_model(model_path):
     result = lingcode("models", "--json")
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
-    assert rows[models.DEFAULT_MODEL]["pulled"] is True
-    assert rows[models.DEFAULT_MODEL]["path"] == str(model_path)
+    assert rows["smollm2-135m-instruct"]["pulled"] is True
+    assert rows["smollm2-135m-instruct"]["path"] == str(model_path)
 
 
 def test_models_table(tmp_path):
@@ -60,8 +62,8 @@ def test_models_table(tmp_path):
     header, *lines = result.stdout.splitlines()
     assert header.split() == ["name", "default", "pulled", "size", "context", "use", "path"]
     rows = {line.split()[0]: line.split() for line in lines}
-    assert rows[models.DEFAULT_MODEL][1:5] == ["yes", "no", "98.4", "MB"]
-    assert rows["qwen2.5-coder-1.5b-instruct"][1:5] == ["no", "1.12", "GB", "32768"]
+    assert rows[models.DEFAULT_MODEL][1:6] == ["yes", "no", "1.12", "GB", "32768"]
+    assert rows["smollm2-135m-instruct"][1:5] == ["no", "98.4", "MB", "8192"]
     assert "coding on slow machines" in result.stdout.split("qwen2.5-coder-0.5b-instruct", 1)[1]
 
 
@@ -105,7 +107,7 @@ def test_serve_hands_the_resolved_model_to_the_daemon(model_path, monkeypatch):
         {
             "engine": "local",
             "model_path": model_path,
-            "model_name": models.DEFAULT_MODEL,
+            "model_name": "smollm2-135m-instruct",
             "host": "127.0.0.1",
             "port": 0,
             "device": "auto",
@@ -156,7 +158,7 @@ def test_doctor_fits_100_columns(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["models"], ["sglang-args"], ["lsp", "--help"], ["pull"], ["bench", "--help"]]
+    "args", [["--help"], ["models"], ["sglang-args"], ["lsp", "--help"], ["pull", "smollm2"], ["bench", "--help"]]
 )
 def test_commands_that_run_no_model_import_no_torch(model_path, args):
     """What makes them print at once (`lingcode bench startup` times it): torch alone takes seconds."""

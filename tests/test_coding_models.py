@@ -81,3 +81,44 @@ def test_it_gives_llama_cpps_logits_on_the_same_file(qwen_path):
     result = reference.run(qwen_path, str(LLAMA_CPP_PYTHON), threads=2, tokens=240, continuation=24)
     total = result["total"]
     assert total["top1"] >= 0.98 and total["kl_mean"] <= 0.01, reference.table(result)
+
+
+# --- through the daemon, as a client sees it -----------------------------------------------------
+
+
+def fenced_python(text: str) -> str:
+    """The first ```python block's code."""
+    assert "```python\n" in text, text
+    return text.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_daemon_answers_with_working_code(qwen_daemon):
+    """The openai SDK, sampling left to the model's defaults (seeded): the answer's code block runs."""
+    import openai
+
+    client = openai.OpenAI(base_url=qwen_daemon.url + "/v1", api_key=qwen_daemon.token, max_retries=0, timeout=300)
+    ask = "Write a Python function is_palindrome(s) that ignores case. Only the code, in one code block."
+    answer = client.chat.completions.create(
+        model="qwen2.5-coder-0.5b-instruct", messages=[{"role": "user", "content": ask}], seed=7, max_tokens=400
+    )
+    assert answer.model == "qwen2.5-coder-0.5b-instruct" and answer.choices[0].finish_reason == "stop"
+    scope: dict = {}
+    exec(fenced_python(answer.choices[0].message.content), scope)
+    assert scope["is_palindrome"]("Level") and not scope["is_palindrome"]("lingcode")
+
+
+def test_a_suffix_fills_in_the_middle_and_stops_at_a_control_token(qwen_daemon):
+    """/v1/completions with `suffix`: Qwen's PSM prompt; the middle ends where the model ends it."""
+    import openai
+
+    client = openai.OpenAI(base_url=qwen_daemon.url + "/v1", api_key=qwen_daemon.token, max_retries=0, timeout=300)
+    answer = client.completions.create(
+        model="qwen2.5-coder-0.5b-instruct",
+        prompt="def fib(n):\n    if n < 2:\n        return n\n",
+        suffix="\n\nprint(fib(10))\n",
+        temperature=0,
+        max_tokens=64,
+    )
+    choice = answer.choices[0]
+    assert "fib(n-1) + fib(n-2)" in choice.text.replace(" - ", "-"), choice.text
+    assert choice.finish_reason == "stop" and "<|" not in choice.text and answer.usage.completion_tokens < 64

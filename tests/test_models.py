@@ -137,19 +137,25 @@ def kept_parts(entry: models.CatalogEntry) -> list[str]:
 # -- the real default model --------------------------------------------------------------
 
 
-def test_default_model_resolves_by_name_alias_and_none(model_path):
-    assert models.resolve(None) == model_path
+def test_the_fast_model_resolves_by_name_and_alias(model_path):
     assert models.resolve("smollm2-135m-instruct") == model_path
     assert models.resolve("SmolLM2") == model_path
     assert models.is_gguf(model_path)
-    assert models.model_name(model_path) == models.DEFAULT_MODEL
+    assert models.model_name(model_path) == "smollm2-135m-instruct"
 
 
-def test_default_model_matches_catalog_hash(model_path):
-    entry = models.lookup(models.DEFAULT_MODEL)
+def test_the_fast_model_matches_catalog_hash(model_path):
+    entry = models.lookup("smollm2")
     assert model_path.stat().st_size == entry.size
     assert models.sha256_file(model_path) == entry.sha256
     assert entry.context_length == 8192
+
+
+def test_no_name_means_the_default_model_a_coding_one(home):
+    """`serve` and `pull` without a name: Qwen2.5-Coder-1.5B; before it is pulled, resolve says how."""
+    assert models.DEFAULT_MODEL == "qwen2.5-coder-1.5b-instruct"
+    with pytest.raises(models.ModelNotFound, match="run `lingcode pull qwen2.5-coder-1.5b-instruct`"):
+        models.resolve(None)
 
 
 def test_resolve_gguf_path(model_path):
@@ -182,14 +188,14 @@ def test_catalog_models_in_parts(name, alias, count, version, size):
 
 
 def test_catalog_says_what_each_model_is_for_and_which_is_the_default():
-    assert models.DEFAULT_MODEL == "smollm2-135m-instruct" and models.DEFAULT_MODEL in models.catalog()
+    assert models.DEFAULT_MODEL == "qwen2.5-coder-1.5b-instruct" and models.DEFAULT_MODEL in models.catalog()
     for entry in models.catalog().values():
         assert entry.use and entry.context_length and entry.size
     assert len(models.lookup("smollm2").parts) == 1  # the single-wheel form
 
 
 def test_pull_skips_a_model_already_present(model_path, capsys):
-    assert models.pull(models.DEFAULT_MODEL) == model_path
+    assert models.pull("smollm2-135m-instruct") == model_path
     assert "already pulled" in capsys.readouterr().err
 
 
@@ -400,9 +406,10 @@ def test_list_models(home, fake_model, wheelhouse):
     models.pull("fake", progress=False)
     rows = {row["name"]: row for row in models.list_models()}
     assert rows[models.DEFAULT_MODEL]["pulled"] is False
-    assert rows[models.DEFAULT_MODEL]["context_length"] == 8192
+    assert rows[models.DEFAULT_MODEL]["context_length"] == 32768
+    assert rows["smollm2-135m-instruct"]["context_length"] == 8192
     assert [name for name, row in rows.items() if row["default"]] == [models.DEFAULT_MODEL]
-    assert rows["qwen2.5-coder-1.5b-instruct"]["use"] == "the coding model"
+    assert rows["qwen2.5-coder-1.5b-instruct"]["use"] == "the coding model: chat, agents, editor completions"
     assert rows["qwen2.5-coder-0.5b-instruct"]["context_length"] == 32768
     assert rows["fake-model"]["pulled"] is True
     assert rows["fake-model"]["path"] == str(fake_model.path)

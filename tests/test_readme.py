@@ -1,8 +1,8 @@
 """The README's first requests, run exactly as written (the shell block and the Python block of
-"Talking to the daemon"), against a real daemon on the default model.
+"Talking to the daemon"), against a real daemon on the default model (Qwen2.5-Coder-1.5B).
 
-They send no temperature and no max_tokens: the model family's defaults must make the 135M model
-answer right, and stop, on its own.
+They send no temperature and no max_tokens: the model family's defaults must make it answer right,
+and stop, on its own.
 """
 
 from __future__ import annotations
@@ -26,10 +26,14 @@ def block(language: str, containing: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def env(daemon) -> dict:
+def env(default_daemon) -> dict:
     """The environment a user has in their shell: the venv's commands, the daemon's home."""
     bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, "LINGCODE_HOME": str(daemon.home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return {
+        **os.environ,
+        "LINGCODE_HOME": str(default_daemon.home),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    }
 
 
 def test_the_curl_example_answers_berlin(env):

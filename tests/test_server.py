@@ -411,8 +411,10 @@ def test_completion_stop_and_usage_chunk(client):
 
 
 def test_suffix_needs_fill_in_the_middle_tokens(http, info):
+    from lingcode.completion.prompt import completion_family
+
     response = http.post("/v1/completions", json={"prompt": "def f(", "suffix": "\n    return x\n", "max_tokens": 4})
-    if info.fim_tokens:
+    if completion_family(info).fim:
         assert response.status_code == 200
     else:
         assert_error(response, 400, param="suffix")

@@ -83,6 +83,24 @@ async def test_a_question_streams_as_markdown_with_a_stats_line(home, store, tmp
         assert app.clipboard == fence.code
 
 
+async def test_the_coding_model_s_answer_is_a_python_block_that_runs(qwen_daemon, monkeypatch, store, tmp_path):
+    """On Qwen2.5-Coder (the default's family): the answer's code shows as a highlighted python fence."""
+    monkeypatch.setenv("LINGCODE_HOME", str(qwen_daemon.home))
+    app = chat_app(store, tmp_path, max_tokens=200)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        await send(pilot, "Write a Python function fizzbuzz(n) that returns 'Fizz', 'Buzz', 'FizzBuzz' or str(n).")
+        await answered(pilot)
+        answer = finished_answers(app)[-1]
+        assert answer.state == "done", answer.error
+        fence = app.query(MessageView).last().query_one(MarkdownFence)
+        assert fence.lexer == "python"
+        scope: dict = {}
+        exec(fence.code, scope)
+        assert [scope["fizzbuzz"](n) for n in (3, 5, 15, 7)] == ["Fizz", "Buzz", "FizzBuzz", "7"]
+        assert static_text(app.query_one(StatsBar).query_one("#link")) == "● qwen2.5-coder-0.5b-instruct"
+
+
 def test_the_stats_line_reads_the_daemons_timings():
     stats = {
         "timings": {"ttft_ms": 120.4, "tpot_ms": 8.0, "tokens_per_s": 125.0, "accept_length": 2.71},

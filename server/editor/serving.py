@@ -87,6 +87,9 @@ class EditorServing(Serving):
             self._newline_ids = frozenset(i for i, piece in enumerate(pieces) if b"\n" in piece)
         else:
             self._newline_ids = frozenset(i for i in range(tok.vocab_size) if "\n" in tok.decode([i]))
+        # A control token is never code: past the middle a FIM model writes <|endoftext|>, or starts
+        # another file (<|file_sep|>) or turn; each ends the suggestion.
+        self._stop_ids = tuple(sorted(tok.special_ids))
 
     def stats(self) -> dict:
         return {**self._counters, "cuts": dict(self._cuts)}
@@ -107,7 +110,13 @@ class EditorServing(Serving):
 
     async def prepare(self, body: CompleteRequest, request: Request) -> Prepared:
         prompt = self._prompt(body)
-        params = SamplingParams(body.max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+        params = SamplingParams(
+            body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop_token_ids=self._stop_ids,
+        )
         cut = CutRules(body.prefix, body.suffix, multiline=body.multiline, time_budget_ms=body.time_budget_ms)
         if cut.single_line:  # the engine ends the request at the line's end itself: the cut would
             # abort it there too, but only once the engine had gone on to another step

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 
 from starlette.requests import Request
 
+from lingcode.completion.prompt import completion_family
 from lingcode.pipeline.turns import Content, Turn, TurnEnd, TurnEvent
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.openai.protocol import CompletionRequest
@@ -27,6 +29,11 @@ class CompletionsServing(Serving):
     path = "/v1/completions"
     request_model = CompletionRequest
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The FIM tokens the editor's prompts use too: the family's, or ones the vocabulary has.
+        self.fim = completion_family(self.info).fim
+
     async def prepare(self, body: CompletionRequest, request: Request) -> Prepared:
         input_ids = self.prompt_ids_of(body)
         if not input_ids:  # e.g. a control character that the vocabulary has no token for
@@ -37,6 +44,8 @@ class CompletionsServing(Serving):
                 code="empty_prompt",
             )
         params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "prompt")
+        if body.suffix is not None and self.fim:  # the middle ends at any control token (a new file, a turn)
+            params = replace(params, stop_token_ids=(*params.stop_token_ids, *sorted(self.info.tokenizer.special_ids)))
         shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
         turn = Turn(shape.request_id, input_ids, params, stop=body.stop_strings(), stop_loops=stop_loops)
         return Prepared(turn, shape, bool(body.stream))
@@ -50,7 +59,7 @@ class CompletionsServing(Serving):
                 raise invalid(f"prompt token ids must be in [0, {tokenizer.vocab_size})", param="prompt")
         else:
             ids = tokenizer.encode(body.prompt)
-        fim = self.info.fim_tokens
+        fim = self.fim
         if body.suffix is None or (body.suffix == "" and not fim):
             return ids
         if not fim:
