@@ -642,6 +642,12 @@ def _bench_load_parser(benches: argparse._SubParsersAction) -> None:
     )
     bench_load.add_argument("--runs", type=_positive, default=3, help="runs per cache state (default: 3)")
     bench_load.add_argument("--model", default=None, help="model to serve (default: the default model)")
+    bench_load.add_argument(
+        "--context",
+        type=int,
+        default=4096,
+        help="tokens of a second prompt, to see the KV cache's memory (0: none; default: 4096)",
+    )
     bench_load.add_argument("--out", default=None, metavar="PATH", help="write PATH.json and PATH.md")
     bench_load.set_defaults(func=cmd_bench)
 
