@@ -36,7 +36,12 @@ class CompletionsServing(Serving):
                 param="prompt",
                 code="empty_prompt",
             )
-        params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "prompt")
+        sampling = body.sampling()
+        if body.suffix is not None and sampling.repetition_penalty is None:
+            # Filling in the middle is an editor's completion: code repeats the names around it,
+            # which a chat model card's penalty steers away from (/v1/lingcode/complete has none).
+            sampling.repetition_penalty = 1.0
+        params, stop_loops = self.sampling_params(sampling, len(input_ids), "prompt")
         shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())
         turn = Turn(shape.request_id, input_ids, params, stop=body.stop_strings(), stop_loops=stop_loops)
         return Prepared(turn, shape, bool(body.stream))
