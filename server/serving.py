@@ -156,6 +156,7 @@ class Sampling:
     top_k: int | None = None
     seed: int | None = None
     ignore_eos: bool = False
+    repetition_penalty: float | None = None
 
 
 @dataclass
@@ -341,6 +342,9 @@ class Serving:
             temperature=defaults.temperature if fields.temperature is None else fields.temperature,
             top_p=defaults.top_p if fields.top_p is None else fields.top_p,
             top_k=defaults.top_k if fields.top_k is None else max(fields.top_k, 0),
+            repetition_penalty=defaults.repetition_penalty
+            if fields.repetition_penalty is None
+            else fields.repetition_penalty,
             seed=fields.seed,
             ignore_eos=fields.ignore_eos,
         )

@@ -5,26 +5,31 @@ and, where the llama.cpp peer is built, gives llama.cpp's logits on the same fil
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
+import httpx
 import pytest
 
+from conftest import serve, share_built_caches
 from lingcode.engine import SamplingParams
 from lingcode.text.chat_template import render_chat
 from test_cpu_step import GO_FILE
+from test_server import assert_error
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA_CPP_PYTHON = REPO / ".venv-llama-cpp" / "bin" / "python"
 
 
-async def generate(engine, ids: list[int], max_tokens: int, speculation: str = "off") -> list[int]:
+async def generate(
+    engine, ids: list[int], max_tokens: int, speculation: str = "off", repetition_penalty: float = 1.0
+) -> list[int]:
     engine.set_speculation(speculation)
     engine.reset_cache()
     out: list[int] = []
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, repetition_penalty=repetition_penalty)
     try:
-        async for chunk in engine.generate(
-            f"coding-{speculation}", ids, SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        ):
+        async for chunk in engine.generate(f"coding-{speculation}", ids, params):
             out += chunk.token_ids
     finally:
         engine.set_speculation("ngram")
@@ -70,6 +75,74 @@ async def test_greedy_drafts_equal_plain_decoding(qwen_engine):
     plain = await generate(qwen_engine, ids, 96)
     assert await generate(qwen_engine, ids, 96, "ngram") == plain
     assert qwen_engine.stats()["accepted_draft_tokens"] - before >= 20
+
+
+async def test_the_repetition_penalty_keeps_greedy_decoding_out_of_a_repeat(qwen_engine):
+    """Greedy, the 0.5B model writes one line of its haiku three times; with the family's penalty
+    (lingcode/data/families.toml) it writes three different lines."""
+    tokenizer = qwen_engine.info.tokenizer
+    ids = chat(qwen_engine, "Write a haiku about the sea.")
+
+    def lines(tokens: list[int]) -> list[str]:
+        return tokenizer.decode(tokens).removesuffix("<|im_end|>").splitlines()
+
+    plain = lines(await generate(qwen_engine, ids, 20))
+    assert plain[:3] == ["Whispers of the sea,"] * 2 + ["Whispers of the sea."], plain
+    penalized = lines(await generate(qwen_engine, ids, 20, repetition_penalty=1.05))
+    assert len(penalized) >= 3 and len({line.rstrip(",.") for line in penalized[:3]}) == 3, penalized
+
+
+async def test_greedy_drafts_equal_plain_decoding_with_a_repetition_penalty(qwen_engine):
+    """Each position of a verify step is penalized for the sequence up to it (the prompt, the
+    tokens so far, the drafts before it): drafted or not, the same tokens."""
+    ids = chat(qwen_engine, f"Rename parseConfig to loadConfig and output the whole file:\n```go\n{GO_FILE}```")
+    before = qwen_engine.stats()["accepted_draft_tokens"]
+    plain = await generate(qwen_engine, ids, 48, repetition_penalty=1.05)
+    assert plain != await generate(qwen_engine, ids, 48)  # the penalty changed the answer
+    assert await generate(qwen_engine, ids, 48, "ngram", repetition_penalty=1.05) == plain
+    assert qwen_engine.stats()["accepted_draft_tokens"] - before >= 10
+
+
+def test_the_daemon_fills_in_the_familys_sampling_defaults(qwen_path, tmp_path):
+    """Qwen2.5-Coder's card (lingcode/data/families.toml): temperature 0.7, top_p 0.8, top_k 20 and
+    a repetition penalty of 1.05 for what a request leaves out; a penalty out of (0, 2] is a 400."""
+    daemon = serve(qwen_path, share_built_caches(tmp_path / "home"))
+    haiku = [{"role": "user", "content": "Write a haiku about the sea."}]
+    try:
+        with httpx.Client(
+            base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=120
+        ) as http:
+
+            def answer(route: str, **body) -> str:
+                response = http.post(route, json=body)
+                assert response.status_code == 200, response.text
+                data = response.json()
+                if route == "/v1/messages":
+                    return data["content"][0]["text"]
+                choice = data["choices"][0]
+                return choice["message"]["content"] if route == "/v1/chat/completions" else choice["text"]
+
+            chat = "/v1/chat/completions"
+            # Greedy, the penalty left out is the family's: the haiku's lines differ (penalty 1: one line thrice).
+            for route, extra in ((chat, {}), ("/v1/messages", {"model": "m"})):
+                lines = answer(route, messages=haiku, max_tokens=20, temperature=0, **extra).splitlines()
+                assert len(set(lines[:3])) == 3, (route, lines)
+            repeated = answer(chat, messages=haiku, max_tokens=20, temperature=0, repetition_penalty=1).splitlines()
+            assert len(set(line.rstrip(",.") for line in repeated[:3])) == 1, repeated
+            # Seeded, the fields left out sample as the card's values sent.
+            sent = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+            assert answer(chat, messages=haiku, max_tokens=12, seed=5) == answer(
+                chat, messages=haiku, max_tokens=12, seed=5, **sent
+            )
+            response = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2})
+            assert (response.json()["temperature"], response.json()["top_p"]) == (0.7, 0.8)
+            for route, body in ((chat, {"messages": haiku}), ("/v1/responses", {"input": "hi"})):
+                for bad in (0, -1, 2.5, "1.1"):
+                    response = http.post(route, json={**body, "repetition_penalty": bad})
+                    assert_error(response, 400, param="repetition_penalty")
+    finally:
+        daemon.process.send_signal(signal.SIGTERM)
+        daemon.process.wait(timeout=30)
 
 
 @pytest.mark.skipif(not LLAMA_CPP_PYTHON.exists(), reason="the llama.cpp peer is not built here (make llama-cpp-peer)")

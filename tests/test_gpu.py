@@ -6,6 +6,7 @@ output (committed under bench/results/) records the run.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -102,8 +103,9 @@ async def test_pipelined_loop_waits_once_per_token_and_never_syncs_implicitly(ke
         implicit = sum("synchroniz" in str(w.message) for w in caught)
         return implicit, gpu_engine.stats()["host_waits"] - before
 
-    for sampled in (False, True):
-        kwargs = dict(temperature=0.8, top_p=0.9, seed=1) if sampled else dict(temperature=0.0)
+    greedy, sampled = dict(temperature=0.0), dict(temperature=0.8, top_p=0.9, seed=1)
+    # penalized: the ids seen grow on the device, and greedy's argmax leaves the captured graph
+    for kwargs in (greedy, sampled, {**greedy, "repetition_penalty": 1.3}, {**sampled, "repetition_penalty": 1.3}):
         short = await count(16, SamplingParams(max_tokens=16, ignore_eos=True, **kwargs))
         long = await count(64, SamplingParams(max_tokens=64, ignore_eos=True, **kwargs))
         assert long[0] == short[0], f"implicit syncs grow with length: {short[0]} for 16 tokens, {long[0]} for 64"
@@ -162,6 +164,19 @@ async def test_speculation_is_lossless_with_the_triton_step(triton_engine, rows)
             assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
     finally:
         triton_engine.step.runner = default
+
+
+async def test_a_repetition_penalty_decodes_alike_pipelined_and_drafted(triton_engine):
+    """Penalized greedy decoding: the pipelined loop (the penalty's ids kept on the device) and
+    verified n-gram drafts (each row penalized for the sequence up to it) give the same tokens."""
+    params = SamplingParams(max_tokens=48, temperature=0.0, repetition_penalty=1.3)
+    changed = 0
+    for prompt in PROMPTS:
+        ids = chat_ids(triton_engine, prompt)
+        plain = await generate(triton_engine, ids, params, "off")
+        assert await generate(triton_engine, ids, params, "ngram") == plain, prompt
+        changed += plain != await generate(triton_engine, ids, dataclasses.replace(params, repetition_penalty=1.0))
+    assert changed
 
 
 async def test_constrained_decoding_on_the_gpu_gives_schema_valid_json(gpu_engine):

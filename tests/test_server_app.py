@@ -7,6 +7,7 @@ script, which makes engine failures, before or during a stream, reproducible.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 
@@ -82,13 +83,16 @@ def test_request_fields_reach_the_engine_as_sampling_params(serve, engine):
         "top_k": 40,
         "seed": 7,
         "ignore_eos": True,
+        "repetition_penalty": 1.1,
     }
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "Hello world"
     _, params = scripted.calls[0]
     # What the client set is used exactly as sent.
-    assert params == SamplingParams(max_tokens=300, temperature=0.5, top_p=0.9, top_k=40, seed=7, ignore_eos=True)
+    assert params == SamplingParams(
+        max_tokens=300, temperature=0.5, top_p=0.9, top_k=40, seed=7, ignore_eos=True, repetition_penalty=1.1
+    )
     assert client.get("/v1/lingcode/stats").json()["engine"] == {"calls": 1}
 
 
@@ -114,6 +118,31 @@ def test_fields_left_out_get_the_model_familys_defaults(serve, engine):
     long = {"prompt": [1] * (engine.info.context_length - 10)}
     assert client.post("/v1/completions", json=long).status_code == 200
     assert scripted.calls[-1][1].max_tokens == 10
+
+
+def test_an_editors_completion_takes_no_repetition_penalty_it_did_not_ask_for(qwen_engine):
+    """Qwen2.5-Coder's defaults include its card's repetition penalty; code completion repeats the
+    names around the cursor, so fill-in-the-middle (/v1/completions with a suffix) leaves it out,
+    and the editor route (what the LSP sends) stays greedy with none, as before the family had any."""
+    fim = {"prefix": "<|fim_prefix|>", "suffix": "<|fim_suffix|>", "middle": "<|fim_middle|>"}
+    info = dataclasses.replace(qwen_engine.info, fim_tokens=fim)
+    scripted = ScriptedEngine(info, info.tokenizer.encode("x"))
+    app = create_app(Scheduler(scripted), info, TOKEN, model_id="scripted")
+    client = TestClient(app, base_url="http://localhost", headers={"Authorization": f"Bearer {TOKEN}"})
+
+    def sent(route: str, body: dict) -> tuple:
+        assert client.post(route, json=body).status_code == 200, route
+        params = scripted.calls[-1][1]
+        return params.temperature, params.top_p, params.top_k, params.repetition_penalty
+
+    card = (0.7, 0.8, 20, 1.05)
+    assert sent("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}) == card
+    assert sent("/v1/completions", {"prompt": "def f(", "max_tokens": 2}) == card
+    assert sent("/v1/completions", {"prompt": "def f(", "suffix": ")\n", "max_tokens": 2}) == (0.7, 0.8, 20, 1.0)
+    asked = {"prompt": "def f(", "suffix": ")\n", "max_tokens": 2, "repetition_penalty": 1.2}
+    assert sent("/v1/completions", asked)[3] == 1.2
+    lsp = {"prefix": "def f(", "suffix": ")\n", "path": "f.py", "max_tokens": 2, "multiline": None}
+    assert sent("/v1/lingcode/complete", lsp) == (0.0, 1.0, 0, 1.0)
 
 
 def test_a_looping_answer_stops_when_the_client_set_no_max_tokens(serve, engine):

@@ -105,12 +105,15 @@ def test_decoder_errors():
 
 
 def test_sampling_params_in_sglang_terms():
-    params = SamplingParams(max_tokens=500, temperature=0.7, top_p=0.9, top_k=0, seed=7, stop_token_ids=(9,))
+    params = SamplingParams(
+        max_tokens=500, temperature=0.7, top_p=0.9, top_k=0, seed=7, stop_token_ids=(9,), repetition_penalty=1.05
+    )
     assert sampling_params(params, (EOS,), room=100) == {
         "max_new_tokens": 100,
         "temperature": 0.7,
         "top_p": 0.9,
         "top_k": -1,
+        "repetition_penalty": 1.05,
         "ignore_eos": False,
         "stop_token_ids": [9, EOS],
         "sampling_seed": 7,

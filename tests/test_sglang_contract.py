@@ -187,6 +187,7 @@ def test_requests_fit_sglang_schema_and_the_replayed_bytes_are_sglangs():
         for params in (
             SamplingParams(max_tokens=16, temperature=0.0),
             SamplingParams(max_tokens=16, temperature=0.6, top_p=0.95, top_k=20, seed=3, stop_token_ids=(7,)),
+            SamplingParams(max_tokens=16, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
             SamplingParams(max_tokens=16, ignore_eos=True),
         )
     ]
@@ -243,6 +244,7 @@ for body in data["bodies"]:
     params.verify(data["vocab_size"])
     params.normalize(None)
     assert params.max_new_tokens == body["sampling_params"]["max_new_tokens"]
+    assert params.repetition_penalty == body["sampling_params"]["repetition_penalty"]
 try:
     GenerateReqInput(**{**data["bodies"][0], "not_a_field": 1})
 except TypeError:
@@ -257,6 +259,7 @@ def test_generate_bodies_fit_sglangs_own_request_dataclass():
         SamplingParams(max_tokens=16, temperature=0.0),
         SamplingParams(max_tokens=4096, temperature=0.6, top_p=0.95, top_k=20, seed=3, stop_token_ids=(7, 9)),
         SamplingParams(max_tokens=16, ignore_eos=True),
+        SamplingParams(max_tokens=16, temperature=0.0, repetition_penalty=1.05),  # greedy and penalized
     ]
     bodies = [generate_body(f"r-{i}-abc", [1, 2, 3], p, (156895,), 1000) for i, p in enumerate(params)]
     done = subprocess.run(

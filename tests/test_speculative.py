@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -10,7 +11,7 @@ import torch
 
 from lingcode.text.chat_template import render_chat
 from lingcode.engine import SamplingParams
-from lingcode.engine.local.sampling import argmax
+from lingcode.engine.local.sampling import RepetitionPenalty, argmax
 from lingcode.engine.local.speculative import DraftLength, NGramDrafter, verify_greedy, verify_sampled
 from lingcode.pipeline.generation import generate_text
 from lingcode.pipeline.scheduler import Scheduler
@@ -62,6 +63,19 @@ async def test_greedy_output_is_identical_with_every_drafter(engine, restore_spe
             if speculation == "ngram":
                 accepted += stats["accepted_draft_tokens"]
     assert accepted > 0
+
+
+async def test_greedy_output_with_a_repetition_penalty_is_identical_with_every_drafter(engine, restore_speculation):
+    params = SamplingParams(max_tokens=24, temperature=0.0, repetition_penalty=1.3)
+    accepted = changed = 0
+    for prompt in PROMPTS[2:4]:  # code the answer copies: drafts land, and the penalty has seen every token
+        plain, _ = await run(engine, "off", prompt, params)
+        changed += plain != (await run(engine, "off", prompt, dataclasses.replace(params, repetition_penalty=1.0)))[0]
+        for speculation in ("ngram", "early-exit:10"):
+            spec, stats = await run(engine, speculation, prompt, params)
+            assert spec == plain, f"{speculation} changed the penalized output for {prompt!r}"
+            accepted += stats["accepted_draft_tokens"]
+    assert changed and accepted > 0
 
 
 async def test_a_typed_tail_is_verified_with_its_draft_in_one_step_losslessly(engine, restore_speculation):
@@ -224,6 +238,26 @@ def test_the_cpu_argmax_picks_the_ids_torch_picks():
         for logits in cases:
             ours, torchs = argmax(logits), logits.argmax(dim=-1)
             assert ours.dtype == torchs.dtype and ours.shape == torchs.shape and torch.equal(ours, torchs)
+
+
+def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits_once_per_seen_id():
+    penalty = RepetitionPenalty([0, 1, 1], 2.0, torch.device("cpu"))  # id 1 twice: penalized once
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0])
+    penalty.apply(logits)
+    assert logits.tolist() == [1.0, -2.0, 0.5, 3.0, -2.0]
+    penalty.add([3])
+    penalty.add(torch.tensor([3]))  # a token seen again (or one left on the device): no more than once
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0])
+    penalty.apply(logits)
+    assert logits.tolist() == [1.0, -2.0, 0.5, 1.5, -2.0]
+    # A verify step's rows: row i is for the sequence with the draft's first i tokens.
+    rows = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0]] * 3)
+    penalty.apply(rows, [2, 4])
+    assert rows.tolist() == [
+        [1.0, -2.0, 0.5, 1.5, -2.0],
+        [1.0, -2.0, 0.25, 1.5, -2.0],
+        [1.0, -2.0, 0.25, 1.5, -4.0],
+    ]
 
 
 @pytest.mark.parametrize("draft_has_probs", [False, True])

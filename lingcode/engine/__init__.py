@@ -60,6 +60,9 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means no top-k cut
+    # Each token id already in the sequence (prompt and output) has its logit divided by this when
+    # positive, multiplied when negative (HF's, vLLM's, SGLang's, llama.cpp's); greedy too. 1: off.
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # end the generation, besides the model's eos ids
     # End the generation once one of these is emitted, its text kept (a stop token's is not): what

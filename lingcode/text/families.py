@@ -31,6 +31,7 @@ class Defaults:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    repetition_penalty: float = 1.0
     max_tokens: int | None = None  # a chat answer's length when the client sets none (None: the context's rest)
 
 

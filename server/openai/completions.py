@@ -43,7 +43,12 @@ class CompletionsServing(Serving):
                 param="prompt",
                 code="empty_prompt",
             )
-        params, stop_loops = self.sampling_params(body.sampling(), len(input_ids), "prompt")
+        sampling = body.sampling()
+        if body.suffix is not None and sampling.repetition_penalty is None:
+            # Filling in the middle is an editor's completion: code repeats the names around it,
+            # which a chat model card's penalty steers away from (/v1/lingcode/complete has none).
+            sampling.repetition_penalty = 1.0
+        params, stop_loops = self.sampling_params(sampling, len(input_ids), "prompt")
         if body.suffix is not None and self.fim:  # the middle ends at any control token (a new file, a turn)
             params = replace(params, stop_token_ids=(*params.stop_token_ids, *sorted(self.info.tokenizer.special_ids)))
         shape = CompletionShape(f"cmpl-{uuid.uuid4().hex}", self.model_id, body.include_usage())

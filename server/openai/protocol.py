@@ -3,8 +3,8 @@ queued) and the parts of the answer both share.
 
 Types are strict (a max_tokens of "5" or true is a 400, not a guess) and ranges are OpenAI's.
 Fields this server does not implement are accepted only at their neutral value (n=1, no
-penalties, no logprobs, ...), so that a client never gets output silently different from what it
-asked for; any other value is a 400 that names the field. Unknown extra fields are ignored, as
+presence or frequency penalty, no logprobs, ...), so that a client never gets output silently
+different from what it asked for; any other value is a 400 that names the field. Unknown extra fields are ignored, as
 OpenAI-compatible servers do, since SDKs and frameworks send many of them. The base model,
 parse() and the rules other APIs share are in server/validation.py.
 """
@@ -113,6 +113,8 @@ class GenerationRequest(StrictModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # an extension (vLLM's): generate past the end-of-sequence token
+    # An extension (vLLM's, SGLang's): 1 is off; SGLang's range, past 2 a model says little of sense
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
@@ -152,7 +154,15 @@ class GenerationRequest(StrictModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def sampling(self) -> Sampling:
-        return Sampling(self.max_tokens, self.temperature, self.top_p, self.top_k, self.seed, self.ignore_eos)
+        return Sampling(
+            self.max_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.seed,
+            self.ignore_eos,
+            self.repetition_penalty,
+        )
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)

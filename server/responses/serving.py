@@ -23,6 +23,7 @@ from starlette.requests import Request
 from lingcode.agent.tool_parsers import CallArgs, CallStart
 from lingcode.pipeline.generation import Usage
 from lingcode.pipeline.turns import Content, Reasoning, Turn, TurnEnd, TurnEvent, TurnStart
+from lingcode.text.families import Defaults
 from lingcode.server.errors import APIError, invalid
 from lingcode.server.responses.protocol import ResponsesRequest
 from lingcode.server.serving import Prepared, Serving, Shape, named_sse, stop_fields
@@ -38,7 +39,7 @@ class ResponsesServing(Serving):
         except ValueError as exc:
             raise invalid(str(exc), param="input") from None
         tools, choice, sampling = body.tool_list(), body.choice(), body.sampling()
-        shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body)
+        shape = ResponseShape(f"resp_{uuid.uuid4().hex}", body.model or self.model_id, body, self.family.defaults)
         input_ids, prompt = await self.prompt_ids(
             messages,
             tools,
@@ -98,8 +99,11 @@ def _function_call(
 
 
 class ResponseShape(Shape):
-    def __init__(self, response_id: str, model: str, body: ResponsesRequest):
+    def __init__(self, response_id: str, model: str, body: ResponsesRequest, defaults: Defaults = Defaults()):
         self.id, self.model, self.body = response_id, model, body
+        # the response says what it was sampled with: the family's default for a field left out
+        self.temperature = defaults.temperature if body.temperature is None else body.temperature
+        self.top_p = defaults.top_p if body.top_p is None else body.top_p
         self.namespaces = body.namespaces()
         self.created_at = int(time.time())
         self.sequence = 0
@@ -131,11 +135,11 @@ class ResponseShape(Shape):
             "previous_response_id": None,
             "store": False,
             "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
-            "temperature": body.temperature if body.temperature is not None else 1.0,
+            "temperature": self.temperature,
             "text": {"format": fmt},
             "tool_choice": choice,
             "tools": [t.model_dump(exclude_none=True, exclude={"namespace"}) for t in body.tools or []],
-            "top_p": body.top_p if body.top_p is not None else 1.0,
+            "top_p": self.top_p,
             "truncation": "disabled",
             "usage": None,
             "metadata": {},

@@ -41,7 +41,7 @@ from lingcode.engine import (
 )
 from lingcode.engine.local.kv_store import MIN_SAVE_TOKENS, PrefixStore
 from lingcode.engine.local.model import Transformer
-from lingcode.engine.local.sampling import sample
+from lingcode.engine.local.sampling import RepetitionPenalty, sample
 from lingcode.engine.local.speculative import (
     DraftLength,
     Drafter,
@@ -79,6 +79,7 @@ class _Run:
     stop_ids: set[int]
     generator: torch.Generator | None
     drafter: Drafter | None
+    penalty: RepetitionPenalty | None = None  # None: repetition_penalty 1, nothing to do per step
     generated: list[int] = field(default_factory=list)
     steps: int = 0  # forwards after the prefill (verify or plain steps)
     drafted: int = 0
@@ -358,10 +359,13 @@ class LocalEngine:
         self._counters["forward_passes"] += 1
         return logits if all_logits else logits[-1]
 
-    def _choose(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
+    def _choose(self, logits: torch.Tensor, run: _Run) -> int:
+        params = run.req.params
+        if run.penalty is not None:
+            run.penalty.apply(logits)
         if params.constraint is not None:
             params.constraint.mask_logits(logits)
-        token = int(sample(logits, params, generator))  # one host read per step
+        token = int(sample(logits, params, run.generator))  # one host read per step
         if params.constraint is not None:
             params.constraint.accept(token)
         return token
@@ -399,6 +403,9 @@ class LocalEngine:
             stop_ids=set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.info.eos_token_ids)),
             generator=generator,
             drafter=self._drafter(params),
+            penalty=RepetitionPenalty(ids, params.repetition_penalty, self.device)
+            if params.repetition_penalty != 1.0
+            else None,
         )
         _time_first_chunk(run)
         if run.drafter is not None:
@@ -436,7 +443,7 @@ class LocalEngine:
 
     def _first_tokens(self, run: _Run, logits: torch.Tensor | None, tail: tuple[int, int] | None) -> list[int]:
         """The first step's tokens: from the prefill's logits, or the prompt's tail fed with a draft."""
-        ids, params = run.req.input_ids, run.req.params
+        ids = run.req.input_ids
         if tail is not None:
             start, end = tail
             draft, draft_probs = run.drafter.propose(self.draft_length.at(start))
@@ -445,7 +452,7 @@ class LocalEngine:
                 run.from_prefill = 0
                 return self._speculative_step(run, ids[start:end], start, draft, draft_probs)
             logits = self._forward(ids[start:end], start)
-        return [self._choose(logits, params, run.generator)]
+        return [self._choose(logits, run)]
 
     def _decode_loop(self, run: _Run, new: list[int]) -> str:
         """Emit tokens step by step, each step plain or speculative, until a stop, the length limit
@@ -454,6 +461,8 @@ class LocalEngine:
         n_prompt = len(req.input_ids)
         while True:
             new, finish = self._take(new, generated, run.stop_ids, run.max_new, params)
+            if run.penalty is not None:
+                run.penalty.add(new)
             accept_length = (len(generated) - run.from_prefill) / run.steps if run.drafter and run.steps else None
             req.emit(TokenChunk(new, finish, n_prompt, run.cached, accept_length if finish else None))
             if finish is not None:
@@ -472,7 +481,7 @@ class LocalEngine:
             else:
                 if run.drafter is not None:
                     self.draft_length.update(0, 0)
-                new = [self._choose(self._forward([generated[-1]], pos), params, run.generator)]
+                new = [self._choose(self._forward([generated[-1]], pos), run)]
                 run.steps += 1
             if req.aborted.is_set():
                 req.steps_after_abort += 1
@@ -482,6 +491,8 @@ class LocalEngine:
         draft after them, from pos: the tokens to emit, accepted drafts and the target's own next."""
         params = run.req.params
         logits = self._forward([*fed, *draft], pos, all_logits=True)[len(fed) - 1 :]
+        if run.penalty is not None:  # each position's logits, for the sequence up to it: lossless still
+            run.penalty.apply(logits, draft)
         if params.greedy:
             new = verify_greedy(logits, draft)
         else:
@@ -543,23 +554,34 @@ class LocalEngine:
         n_prompt = len(req.input_ids)
         runner = self.step.runner
         host, ready = runner.readback, runner.ready  # allocated once: pinned allocations are slow
-        token = sample(logits, params, generator).view(1)
+        penalty = run.penalty
+        in_graph = params.greedy and penalty is None  # the argmax runs in the captured step (replay_greedy)
+
+        def choose(logits: torch.Tensor) -> torch.Tensor:
+            if penalty is not None:
+                penalty.apply(logits)
+            token = sample(logits, params, generator).view(1)
+            if penalty is not None:
+                penalty.add(token)  # on the device: no host read
+            return token
+
+        token = choose(logits)
         host[0:1].copy_(token, non_blocking=True)
         ready[0].record()
-        if params.greedy:  # the token and its position stay in the runner's buffers (replay_greedy)
+        if in_graph:  # the token and its position stay in the runner's buffers (replay_greedy)
             runner.tokens[0, :1].copy_(token)
             runner.positions[:1].fill_(n_prompt)
         finish, step, pos = None, 0, n_prompt  # pos: where the token being read will sit
         while finish is None:
             fed = len(generated) + 1 < run.max_new
             if fed:  # enqueue the next step before reading this one's token
-                if params.greedy:
+                if in_graph:
                     runner.replay_greedy(pos + 1)
                     token = runner.tokens[0, :1]
                 else:
                     runner.tokens[0, :1].copy_(token)
                     runner.positions[:1].fill_(pos)
-                    token = sample(runner.replay(1, pos + 1)[0], params, generator).view(1)
+                    token = choose(runner.replay(1, pos + 1)[0])
                 slot = (step + 1) % 2
                 host[slot : slot + 1].copy_(token, non_blocking=True)
                 ready[slot].record()

@@ -45,3 +45,33 @@ def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | 
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+class RepetitionPenalty:
+    """The repetition penalty over a request's sequence so far, on the logits' device.
+
+    It keeps the ids seen (the prompt's, once each, then every token added: a repeat is harmless,
+    gather then scatter writes the same value twice) and touches only their logits, not the whole
+    vocabulary's. Tokens are added as tensors too, so the GPU's pipelined loop reads nothing back."""
+
+    def __init__(self, prompt: list[int], penalty: float, device: torch.device):
+        self.penalty = penalty
+        self.ids = torch.unique(torch.tensor(prompt, dtype=torch.long)).to(device)
+
+    def add(self, tokens: list[int] | Tensor) -> None:
+        if not isinstance(tokens, Tensor):
+            tokens = torch.tensor(tokens, dtype=torch.long)
+        self.ids = torch.cat((self.ids, tokens.view(-1).to(self.ids.device, torch.long)))
+
+    def apply(self, logits: Tensor, draft: list[int] = ()) -> None:
+        """Penalize logits [V] in place; or rows [k+1, V], row i (a verify step's) also for draft[:i]."""
+        if logits.dim() == 1:
+            self._penalize(logits, self.ids)
+            return
+        drafted = torch.tensor(draft, dtype=torch.long).to(self.ids.device) if draft else self.ids[:0]
+        for i, row in enumerate(logits):
+            self._penalize(row, torch.cat((self.ids, drafted[:i])) if i else self.ids)
+
+    def _penalize(self, row: Tensor, ids: Tensor) -> None:
+        seen = row.gather(0, ids)
+        row.scatter_(0, ids, torch.where(seen > 0, seen / self.penalty, seen * self.penalty))

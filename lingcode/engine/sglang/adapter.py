@@ -51,6 +51,7 @@ def sampling_params(params: SamplingParams, eos_ids: tuple[int, ...], room: int)
         "temperature": 0.0 if params.greedy else params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,  # -1: the whole vocabulary
+        "repetition_penalty": params.repetition_penalty,
         "ignore_eos": params.ignore_eos,
     }
     if stop_ids:
